@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class AgentopsConfig(AppConfig):
+    name = "agentops"
+    verbose_name = "Access"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,79 @@
+"""Domain errors and the state-machine mixin shared by every app.
+
+This module imports no app: every layer may use it.
+"""
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+class DomainError(Exception):
+    """A refusal the interfaces render as ``{"code", "message", "details"}`` with ``status``."""
+
+    code: ClassVar[str] = "domain_error"
+    status: ClassVar[int] = 400
+
+    def __init__(self, message: str = "", *, code: str | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.message = message or (self.__class__.__doc__ or self.code).strip()
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+        self.details: dict[str, Any] = dict(details or {})
+
+
+class InvalidArguments(DomainError):
+    """The input is invalid."""
+
+    code = "invalid_arguments"
+    status = 422
+
+
+class NotFound(DomainError):
+    """No such object."""
+
+    code = "not_found"
+    status = 404
+
+
+class Conflict(DomainError):
+    """The request conflicts with the current state."""
+
+    code = "conflict"
+    status = 409
+
+
+class InvalidTransition(Conflict):
+    """This status change is not allowed."""
+
+    code = "invalid_transition"
+
+
+class PermissionDenied(DomainError):
+    """You are not allowed to do this."""
+
+    code = "permission_denied"
+    status = 403
+
+
+class StateMachine:
+    """Mixin for models with a ``status`` field and a ``TRANSITIONS`` table.
+
+    ``TRANSITIONS`` maps a status to the set of statuses it may move to. Moving to the
+    current status is always allowed (callers treat it as a no-op).
+    """
+
+    TRANSITIONS: ClassVar[Mapping[str, frozenset[str]]] = {}
+    status: Any
+
+    def can_move_to(self, target: str) -> bool:
+        return target == self.status or target in self.TRANSITIONS.get(str(self.status), frozenset())
+
+    def ensure_can_move_to(self, target: str) -> None:
+        if not self.can_move_to(target):
+            raise InvalidTransition(
+                f"{type(self).__name__} cannot move from {self.status!r} to {target!r}",
+                details={"from": str(self.status), "to": str(target),
+                         "allowed": sorted(self.TRANSITIONS.get(str(self.status), frozenset()))},
+            )
+

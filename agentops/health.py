@@ -1,0 +1,64 @@
+"""GET /healthz: the state of the database, Redis and the workers."""
+
+import logging
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+log = logging.getLogger(__name__)
+
+
+def _check_database() -> dict[str, Any]:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"ok": True, "vendor": connection.vendor}
+    except Exception as exc:  # any failure means "down": report it, never raise
+        return {"ok": False, "error": str(exc)[:300]}
+
+
+def _check_redis() -> dict[str, Any]:
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+        client.ping()
+        return {"ok": True}
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)[:300]}
+
+
+def _check_workers() -> dict[str, Any]:
+    from agentops.celery import app
+
+    try:
+        replies = app.control.ping(timeout=0.7)
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)[:300], "count": 0}
+    names = sorted(name for reply in replies or [] for name in reply)
+    return {"ok": bool(names), "count": len(names), "names": names,
+            **({} if names else {"error": "no Celery worker answered"})}
+
+
+def _check_sandbox() -> dict[str, Any]:
+    try:
+        from tools_app.sandbox import sandbox_status
+    except ImportError:
+        return {"ok": False, "error": "sandbox not installed"}
+    try:
+        return dict(sandbox_status())
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)[:300]}
+
+
+@require_GET
+def healthz_view(request: HttpRequest) -> JsonResponse:
+    checks = {"database": _check_database(), "redis": _check_redis()}
+    # Workers are reached through Redis: without it the answer is known.
+    checks["workers"] = _check_workers() if checks["redis"]["ok"] else {"ok": False, "error": "redis down"}
+    checks["sandbox"] = _check_sandbox()
+    failing = [name for name in ("database", "redis", "workers") if not checks[name]["ok"]]
+    body = {"status": "ok" if not failing else "degraded", "failing": failing, "checks": checks}
+    return JsonResponse(body, status=503 if failing else 200)

@@ -1,0 +1,49 @@
+import os
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from sessions_app.models import AgentProfile
+from tools_app.models import ToolDefinition
+
+DEMO_USERS = [("admin", "admins", True), ("operator", "operators", False), ("reviewer", "reviewers", False)]
+DEMO_INSTRUCTIONS = (
+    "You are the on-call assistant for the payments platform. Investigate incidents from the logs in "
+    "your workspace, propose the smallest safe remediation, verify it, and write a short incident report."
+)
+
+
+class Command(BaseCommand):
+    help = "Create the demo users (password = username, local use only), tools and the demo agent profile."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model-url", default="", help="Base URL of the scripted model server.")
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        from tools_app.services import tool_definitions_seed
+
+        tool_definitions_seed()
+        for username, group, is_admin in DEMO_USERS:
+            user, created = User.objects.get_or_create(username=username, defaults={"is_staff": is_admin,
+                                                                                   "is_superuser": is_admin})
+            if created:
+                user.set_password(username)
+                user.save()
+            user.groups.add(Group.objects.get(name=group))
+        # A reviewer who is also an operator would be refused on their own sessions (self-approval).
+        base_url, model = options["model_url"], "scripted-demo"
+        if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
+            base_url, model = os.environ.get("OPENAI_BASE_URL", ""), os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
+        from sessions_app.scripted_model import DEMO_STARTER_FILES
+
+        profile, _ = AgentProfile.objects.update_or_create(
+            slug="incident-responder",
+            defaults={"name": "Incident responder", "instructions": DEMO_INSTRUCTIONS, "base_url": base_url,
+                      "model": model, "starter_files": DEMO_STARTER_FILES, "max_tool_calls": 50,
+                      "max_tokens": 200_000, "max_wall_seconds": 3600},
+        )
+        profile.tools.set(ToolDefinition.objects.filter(kind="builtin", enabled=True))
+        self.stdout.write(f"demo agent {profile.slug!r} uses {base_url or 'the default OpenAI endpoint'} ({model})")

@@ -1,0 +1,40 @@
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+# No inline scripts anywhere: htmx and our own script come from /static/.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
+)
+
+
+class ContentSecurityPolicyMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if not request.path.startswith(("/admin/", "/api/docs")):
+            response.headers.setdefault("Content-Security-Policy", CSP)
+        return response
+
+
+class RequestSizeLimitMiddleware:
+    """413 for bodies over AGENTOPS_MAX_REQUEST_BYTES, before anything reads them."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        limit = settings.AGENTOPS_MAX_REQUEST_BYTES
+        if length > limit:
+            return JsonResponse({"code": "payload_too_large",
+                                 "message": f"The request body is {length} bytes; the limit is {limit}.",
+                                 "details": {"limit": limit}}, status=413)
+        return self.get_response(request)

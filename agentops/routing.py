@@ -1,0 +1,3 @@
+from typing import Any
+
+websocket_urlpatterns: list[Any] = []

@@ -1,0 +1,106 @@
+"""`make run`: the whole product on one machine, one URL printed, every child stopped on exit.
+
+Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
+OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne and a
+Celery worker (with beat for the recovery sweeper).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from agentops.embedded_redis import embedded_redis, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode} while starting")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{name} did not listen on port {port} within {timeout:.0f}s")
+
+
+def main() -> int:
+    port = int(os.environ.get("PORT", "8000"))
+    host = os.environ.get("HOST", "127.0.0.1")
+    env = dict(os.environ)
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    with ExitStack() as stack:
+        if not env.get("REDIS_URL"):
+            env["REDIS_URL"] = stack.enter_context(embedded_redis())
+            print(f"embedded Redis at {env['REDIS_URL']} (set REDIS_URL to use your own)")
+        model_url = ""
+
+        def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+            children.append((name, proc))
+            return proc
+
+        def stop_all(*_: object) -> None:
+            for _name, proc in reversed(children):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            for _name, proc in children:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+        stack.callback(stop_all)
+        try:
+            if not (env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL")):
+                mport = free_port()
+                model = spawn("scripted model", [PY, "manage.py", "scripted_model", "--port", str(mport)])
+                _wait_port(mport, model, "scripted model")
+                model_url = f"http://127.0.0.1:{mport}/v1"
+            subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+            subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
+                           check=True)
+            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,llm,sandbox",
+                             "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
+                             "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
+            web = spawn("web", [PY, "-m", "daphne", "-b", host, "-p", str(port), "agentops.asgi:application"])
+            _wait_port(port, web, "daphne")
+        except (SystemExit, subprocess.CalledProcessError) as exc:
+            print(f"make run failed: {exc}", file=sys.stderr)
+            return 1
+        print("\n" + "=" * 72)
+        print(f"  agentops is running at http://{host}:{port}/")
+        print("  demo users (LOCAL USE ONLY, change or delete them anywhere else):")
+        print("    admin/admin   operator/operator   reviewer/reviewer")
+        print("  Ctrl-C stops everything.")
+        print("=" * 72 + "\n", flush=True)
+        stopping = {"flag": False}
+
+        def on_signal(signum: int, _frame: object) -> None:
+            stopping["flag"] = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        while not stopping["flag"]:
+            for name, proc in children:
+                if proc.poll() is not None:
+                    print(f"{name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.3)
+        print("stopping…")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

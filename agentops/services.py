@@ -1,0 +1,38 @@
+"""API tokens: minted once, stored as a SHA-256, checked in constant time by lookup of the hash."""
+
+import hashlib
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from agentops.domain import NotFound
+from agentops.models import ApiToken
+
+TOKEN_PREFIX = "aop_"
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
+    """Mint a token for a user. Returns the row and the token, which is never stored."""
+    try:
+        user = get_user_model().objects.get(username=username)
+    except get_user_model().DoesNotExist as exc:
+        raise NotFound(f"No user {username!r}") from exc
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=_hash(token))
+    return row, token
+
+
+def api_token_authenticate(token: str) -> AbstractBaseUser | None:
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    row = ApiToken.objects.select_related("user").filter(token_sha256=_hash(token), revoked_at__isnull=True).first()
+    if row is None or not row.user.is_active:
+        return None
+    ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+    return row.user

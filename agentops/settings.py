@@ -1,0 +1,161 @@
+"""agentops settings: one module, read from the environment (see .env.example)."""
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-insecure-change-me-" + "0" * 32)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "tools_app",
+    "sessions_app",
+    "approvals_app",
+    "agentops",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "agentops.middleware.RequestSizeLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "agentops.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "agentops.urls"
+ASGI_APPLICATION = "agentops.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database: PostgreSQL in production and CI (DATABASE_URL), SQLite with WAL by default.
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'agentops.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    (BASE_DIR / "var").mkdir(exist_ok=True)
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}
+else:
+    # Keep connections: a fresh connection per event costs more than the event.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis: the Celery broker and the Channels layer. `make run` starts an embedded one when unset.
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "capacity": env.int("AGENTOPS_CHANNEL_CAPACITY", default=1000),
+            "expiry": 60,
+        },
+    },
+}
+
+# Celery: at-least-once delivery; every task is idempotent and claims its work.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "engine"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+AGENTOPS_MAX_TOOL_TIMEOUT = env.int("AGENTOPS_MAX_TOOL_TIMEOUT", default=3600)
+# Longer than the longest tool timeout: otherwise a long command is redelivered to a
+# second worker while the first still runs.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AGENTOPS_MAX_TOOL_TIMEOUT + 600}
+CELERY_TASK_ROUTES = {
+    "sessions_app.tasks.turn_advance_task": {"queue": "engine"},
+    "sessions_app.tasks.model_call_task": {"queue": "llm"},
+    "sessions_app.tasks.tool_run_task": {"queue": "sandbox"},
+    "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
+}
+CELERY_BEAT_SCHEDULE = {
+    "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
+                       "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
+}
+
+# agentops
+AGENTOPS_WORKSPACE_ROOT = Path(env.str("AGENTOPS_WORKSPACE_ROOT", default=str(BASE_DIR / "var" / "workspaces")))
+AGENTOPS_ARTIFACT_ROOT = Path(env.str("AGENTOPS_ARTIFACT_ROOT", default=str(BASE_DIR / "var" / "artifacts")))
+AGENTOPS_SANDBOX_ALLOW_UNSAFE = env.bool("AGENTOPS_SANDBOX_ALLOW_UNSAFE", default=False)
+AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
+AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
+AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
+AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")
+AGENTOPS_HTTP_ALLOWED_HOSTS = env.list("AGENTOPS_HTTP_ALLOWED_HOSTS", default=[])
+AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=False)
+AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)
+DATA_UPLOAD_MAX_MEMORY_SIZE = AGENTOPS_MAX_REQUEST_BYTES
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env.str("TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+}

@@ -1,0 +1,20 @@
+from django.contrib import admin
+
+from approvals_app.models import ApprovalGrant, ApprovalRequest
+from sessions_app.admin import ReadOnlyAdmin
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(ReadOnlyAdmin):
+    list_display = ["request_id", "tool_name", "kind", "status", "decision", "session", "decided_by", "created_at",
+                    "decided_at"]
+    list_filter = ["status", "kind", "tool_name", "decision", "risk"]
+    search_fields = ["request_id", "tool_name", "session__id", "decided_by__username", "reason"]
+    list_select_related = ["session", "decided_by"]
+
+
+@admin.register(ApprovalGrant)
+class ApprovalGrantAdmin(ReadOnlyAdmin):
+    list_display = ["tool_name", "session", "granted_by", "created_at", "revoked_at"]
+    list_filter = ["tool_name"]
+    search_fields = ["tool_name", "session__id"]

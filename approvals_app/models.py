@@ -1,0 +1,113 @@
+"""Approval requests (decided by request ID only) and session grants for confirm_once tools."""
+
+import uuid
+from typing import ClassVar
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from agentops.domain import StateMachine
+from sessions_app.models import AgentSession, Step, Turn
+from tools_app.models import ApprovalMode
+
+
+class ApprovalRequest(StateMachine, models.Model):
+    class Kind(models.TextChoices):
+        TOOL = "tool", "Tool call"
+        RECOVERY = "recovery", "Recovery (outcome unknown after a crash)"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+        EXPIRED = "expired", "Expired"
+        CANCELLED = "cancelled", "Cancelled"
+        CONSUMED = "consumed", "Consumed"
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve", "Approve"
+        REJECT = "reject", "Reject"
+        RETRY = "retry", "Retry"
+        MARK_DONE = "mark_done", "Mark done"
+        FAIL = "fail", "Fail"
+
+    S = Status
+    TRANSITIONS: ClassVar = {
+        S.PENDING: frozenset({S.APPROVED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
+        S.APPROVED: frozenset({S.CONSUMED, S.CANCELLED}),
+        S.REJECTED: frozenset(),
+        S.EXPIRED: frozenset(),
+        S.CANCELLED: frozenset(),
+        S.CONSUMED: frozenset(),
+    }
+
+    request_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TOOL)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="approval_requests")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="approval_requests")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="approval_requests")
+    tool_name = models.CharField(max_length=64)
+    arguments = models.JSONField(default=dict)
+    arguments_sha256 = models.CharField(max_length=64)
+    approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices)
+    risk = models.CharField(max_length=8, default="high", choices=[("low", "Low"), ("medium", "Medium"),
+                                                                  ("high", "High")])
+    risk_note = models.TextField(blank=True)
+    sandbox_backend = models.CharField(max_length=40, blank=True)
+    network_policy = models.CharField(max_length=8, blank=True)
+    preview = models.TextField(blank=True, help_text="What the call would change (e.g. a diff), for the reviewer.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="approval_decisions")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    edited_arguments = models.JSONField(null=True, blank=True)
+    seen_sha256 = models.CharField(max_length=64, blank=True)
+    remember = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("decide_approvalrequest", "Can approve or reject approval requests")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["pending", "approved", "rejected", "expired",
+                                                           "cancelled", "consumed"]),
+                                   name="approvalrequest_status_valid"),
+            models.CheckConstraint(condition=Q(kind__in=["tool", "recovery"]), name="approvalrequest_kind_valid"),
+            # One open request per step: a replayed gate must not ask twice.
+            models.UniqueConstraint(fields=["step", "kind"], condition=Q(status="pending"),
+                                    name="approvalrequest_one_pending_per_step"),
+        ]
+        indexes = [models.Index(fields=["status", "created_at"], name="approval_queue_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} ({self.status}) {self.request_id}"
+
+    @property
+    def effective_arguments(self) -> dict[str, object]:
+        return self.edited_arguments if self.edited_arguments is not None else self.arguments
+
+
+class ApprovalGrant(models.Model):
+    """A reviewer allowed a confirm_once tool for the rest of a session."""
+
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="grants")
+    tool_name = models.CharField(max_length=64)
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    source_request = models.ForeignKey(ApprovalRequest, null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="+")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["session", "tool_name"], name="grant_unique_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} for {self.session_id}"

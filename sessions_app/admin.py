@@ -1,0 +1,80 @@
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An audit trail: visible, never edited or deleted from the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(AgentProfile)
+class AgentProfileAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "model", "base_url", "enabled", "max_tool_calls", "max_tokens", "updated_at"]
+    list_filter = ["enabled", "model"]
+    search_fields = ["name", "slug", "instructions"]
+    prepopulated_fields = {"slug": ["name"]}
+    filter_horizontal = ["tools"]
+
+
+class TurnInline(admin.TabularInline):
+    model = Turn
+    fields = ["index", "status", "input", "error_code", "created_at"]
+    readonly_fields = ["index", "status", "input", "error_code", "created_at"]
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+
+@admin.register(AgentSession)
+class AgentSessionAdmin(admin.ModelAdmin):
+    list_display = ["id", "title", "agent", "owner", "status", "tool_calls", "model_calls", "last_event_at",
+                    "created_at"]
+    list_filter = ["status", "agent"]
+    search_fields = ["id", "title", "owner__username"]
+    list_select_related = ["agent", "owner"]
+    readonly_fields = ["id", "status", "last_seq", "last_event_at", "tool_calls", "model_calls", "prompt_tokens",
+                       "completion_tokens", "wall_seconds", "workspace", "created_at", "updated_at"]
+    inlines = [TurnInline]
+
+
+@admin.register(Turn)
+class TurnAdmin(ReadOnlyAdmin):
+    list_display = ["id", "session", "index", "status", "error_code", "created_at", "finished_at"]
+    list_filter = ["status", "error_code"]
+    search_fields = ["id", "session__id", "input", "output_text"]
+    list_select_related = ["session"]
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = ["id", "turn", "index", "kind", "tool_name", "status", "attempts", "error_code", "created_at"]
+    list_filter = ["kind", "status", "tool_name"]
+    search_fields = ["id", "call_id", "tool_name", "session__id"]
+    list_select_related = ["turn"]
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["session", "seq", "type", "created_at"]
+    list_filter = ["type"]
+    search_fields = ["session__id", "type"]
+    list_select_related = ["session"]
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(ReadOnlyAdmin):
+    list_display = ["path", "session", "size", "sha256", "created_at"]
+    search_fields = ["path", "sha256", "session__id"]
+    list_select_related = ["session"]

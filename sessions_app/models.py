@@ -1,0 +1,337 @@
+"""Durable state of agent work: profiles, sessions, turns, steps, the event log, artifacts.
+
+Every status field has a ``Status`` (TextChoices), a ``TRANSITIONS`` table and a database
+CheckConstraint; status writes go through the transition services in ``services.py``.
+"""
+
+import uuid
+from typing import ClassVar
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+from agentops.domain import StateMachine
+from tools_app.models import ApprovalMode, ToolDefinition
+
+
+def _slug_list_validator(value: object) -> None:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ValidationError("Expected a list of strings.")
+
+
+class AgentProfile(models.Model):
+    """An agent as admins configure it: instructions, model endpoint, tools and budgets."""
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=64, unique=True)
+    instructions = models.TextField(blank=True)
+    base_url = models.CharField(max_length=300, blank=True,
+                                help_text="OpenAI-compatible endpoint; empty = OPENAI_BASE_URL or OpenAI.")
+    model = models.CharField(max_length=120, default="gpt-4o-mini")
+    api_key_env = models.CharField(max_length=80, default="OPENAI_API_KEY",
+                                   help_text="Name of the environment variable holding the API key.")
+    tools = models.ManyToManyField(ToolDefinition, blank=True, related_name="agents")
+    starter_files = models.JSONField(default=dict, blank=True,
+                                     help_text="Files (path → content) every new workspace starts with.")
+    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_model_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    max_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(max_tool_calls__isnull=True) | Q(max_tool_calls__gte=0))
+                & (Q(max_model_calls__isnull=True) | Q(max_model_calls__gte=0))
+                & (Q(max_tokens__isnull=True) | Q(max_tokens__gte=0))
+                & (Q(max_wall_seconds__isnull=True) | Q(max_wall_seconds__gte=0)),
+                name="agentprofile_budgets_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if not isinstance(self.starter_files, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.starter_files.items()
+        ):
+            raise ValidationError({"starter_files": "Expected an object mapping paths to text."})
+
+
+class AgentSession(StateMachine, models.Model):
+    class Status(models.TextChoices):
+        IDLE = "idle", "Idle"
+        IN_PROGRESS = "in_progress", "In progress"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        REQUIRES_ACTION = "requires_action", "Requires action"
+        FAILED = "failed", "Failed"
+
+    S = Status
+    TRANSITIONS: ClassVar = {
+        S.IDLE: frozenset({S.IN_PROGRESS}),
+        S.IN_PROGRESS: frozenset({S.AWAITING_APPROVAL, S.REQUIRES_ACTION, S.IDLE, S.FAILED}),
+        S.AWAITING_APPROVAL: frozenset({S.IN_PROGRESS, S.IDLE, S.FAILED}),
+        S.REQUIRES_ACTION: frozenset({S.IN_PROGRESS, S.IDLE, S.FAILED}),
+        S.FAILED: frozenset({S.IN_PROGRESS}),
+    }
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(AgentProfile, on_delete=models.PROTECT, related_name="sessions")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent_sessions")
+    title = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.IDLE)
+    # Pinned context: kept verbatim and always first in the prompt, never compacted.
+    requirements = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
+    prohibitions = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
+    acceptance_criteria = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
+    metadata = models.JSONField(default=dict, blank=True)
+    # Budgets copied from the profile at creation (and overridable per session).
+    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_model_calls = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    max_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Usage counters.
+    tool_calls = models.PositiveIntegerField(default=0)
+    model_calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    wall_seconds = models.FloatField(default=0)
+    workspace = models.CharField(max_length=500, blank=True)
+    # The last allocated event seq: event_record increments it under the row lock.
+    last_seq = models.PositiveBigIntegerField(default=0)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("operate_agentsession", "Can start, drive and cancel agent sessions")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["idle", "in_progress", "awaiting_approval",
+                                                           "requires_action", "failed"]),
+                                   name="agentsession_status_valid"),
+            models.CheckConstraint(
+                condition=(Q(max_tool_calls__isnull=True) | Q(max_tool_calls__gte=0))
+                & (Q(max_tokens__isnull=True) | Q(max_tokens__gte=0)),
+                name="agentsession_budgets_non_negative",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"]), models.Index(fields=["-last_event_at"])]
+
+    def __str__(self) -> str:
+        return self.title or f"session {str(self.id)[:8]}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Turn(StateMachine, models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        REQUIRES_ACTION = "requires_action", "Requires action"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    S = Status
+    ACTIVE: ClassVar = (S.QUEUED, S.RUNNING, S.AWAITING_APPROVAL, S.REQUIRES_ACTION)
+    TRANSITIONS: ClassVar = {
+        S.QUEUED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
+        S.RUNNING: frozenset({S.AWAITING_APPROVAL, S.REQUIRES_ACTION, S.COMPLETED, S.FAILED, S.CANCELLED}),
+        S.AWAITING_APPROVAL: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
+        S.REQUIRES_ACTION: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
+        S.COMPLETED: frozenset(),
+        S.FAILED: frozenset(),
+        S.CANCELLED: frozenset(),
+    }
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="turns")
+    index = models.PositiveIntegerField()
+    input = models.TextField()
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
+    output_text = models.TextField(blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    retryable = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["session", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "index"], name="turn_unique_index"),
+            # At most one active turn per session, enforced by the database.
+            models.UniqueConstraint(fields=["session"], condition=Q(status__in=["queued", "running",
+                                                                             "awaiting_approval",
+                                                                             "requires_action"]),
+                                    name="turn_one_active_per_session"),
+            models.CheckConstraint(condition=Q(status__in=["queued", "running", "awaiting_approval",
+                                                           "requires_action", "completed", "failed",
+                                                           "cancelled"]),
+                                   name="turn_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.index} of {self.session_id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+
+class Step(StateMachine, models.Model):
+    class Kind(models.TextChoices):
+        MODEL = "model", "Model call"
+        TOOL = "tool", "Tool call"
+
+    class Status(models.TextChoices):
+        PLANNED = "planned", "Planned"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        APPROVED = "approved", "Approved"
+        RUNNING = "running", "Running"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        REJECTED = "rejected", "Rejected"
+        EXPIRED = "expired", "Expired"
+        CANCELLED = "cancelled", "Cancelled"
+        IN_DOUBT = "in_doubt", "In doubt"
+
+    S = Status
+    SETTLED: ClassVar = (S.COMPLETED, S.FAILED, S.REJECTED, S.EXPIRED, S.CANCELLED)
+    TRANSITIONS: ClassVar = {
+        S.PLANNED: frozenset({S.AWAITING_APPROVAL, S.APPROVED, S.RUNNING, S.FAILED, S.CANCELLED}),
+        S.AWAITING_APPROVAL: frozenset({S.APPROVED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
+        S.APPROVED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
+        # running -> planned: a lease expired and the effect check says a retry is safe.
+        S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.IN_DOUBT, S.CANCELLED, S.PLANNED}),
+        # in_doubt: a reviewer decides retry (approved), mark done (completed) or fail.
+        S.IN_DOUBT: frozenset({S.APPROVED, S.COMPLETED, S.FAILED, S.CANCELLED}),
+        S.COMPLETED: frozenset(),
+        S.FAILED: frozenset(),
+        S.REJECTED: frozenset(),
+        S.EXPIRED: frozenset(),
+        S.CANCELLED: frozenset(),
+    }
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="steps")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
+    # Tool steps.
+    tool_name = models.CharField(max_length=64, blank=True)
+    call_id = models.CharField(max_length=100, blank=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices, blank=True)
+    # Model steps: the assistant message as the model sent it (content + tool_calls).
+    message = models.JSONField(default=dict, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    # Effect evidence: the workspace manifest taken before a mutating command started.
+    manifest = models.JSONField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["turn", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["turn", "index"], name="step_unique_index"),
+            models.CheckConstraint(condition=Q(kind__in=["model", "tool"]), name="step_kind_valid"),
+            models.CheckConstraint(condition=Q(status__in=["planned", "awaiting_approval", "approved", "running",
+                                                           "completed", "failed", "rejected", "expired",
+                                                           "cancelled", "in_doubt"]),
+                                   name="step_status_valid"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="step_lease_idx"),
+            models.Index(fields=["session", "call_id"], name="step_call_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} step {self.index} ({self.tool_name or 'model'})"
+
+    @property
+    def is_settled(self) -> bool:
+        return self.status in self.SETTLED
+
+
+class Event(models.Model):
+    """The append-only timeline: ``(session, seq)`` unique and gap-free per session."""
+
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=64)
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.type}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "type": self.type,
+            "session_id": str(self.session_id),
+            "turn_id": str(self.turn_id) if self.turn_id else None,
+            "step_id": str(self.step_id) if self.step_id else None,
+            "payload": self.payload,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+class Artifact(models.Model):
+    """A file an agent published; copied out of the workspace so it outlives it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="artifacts")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="artifacts")
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="artifacts")
+    path = models.CharField(max_length=500)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    content_type = models.CharField(max_length=120, default="application/octet-stream")
+    storage_path = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "path", "sha256"], name="artifact_unique_content"),
+        ]
+
+    def __str__(self) -> str:
+        return self.path

@@ -1,0 +1,229 @@
+"""Every write to sessions, turns, steps, events and artifacts.
+
+Transition services lock the row, return early when the row is already in the target
+status, refuse illegal moves with ``InvalidTransition`` (409), and record an event in the
+same transaction.
+"""
+
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, TypeVar
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from agentops.domain import Conflict, InvalidArguments, NotFound
+from sessions_app import announce
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
+
+M = TypeVar("M", AgentSession, Turn, Step)
+
+
+class TurnActive(Conflict):
+    """The session already has an active turn."""
+
+    code = "turn_active"
+
+
+# --- the event log -----------------------------------------------------------------------
+
+def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str, Any] | None = None,
+                 turn_id: uuid.UUID | str | None = None, step_id: uuid.UUID | str | None = None) -> Event:
+    """Append an event to the session's timeline and announce it after commit.
+
+    Runs in the caller's transaction (or its own). The seq comes from one
+    ``UPDATE … RETURNING`` on the session row: the row lock serialises concurrent writers,
+    so seqs are gap-free and unique; a rolled-back caller rolls back its seq too.
+    """
+    table = AgentSession._meta.db_table
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET last_seq = last_seq + 1, last_event_at = %s WHERE id = %s RETURNING last_seq",
+                [timezone.now(), _db_uuid(session_id)],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise NotFound(f"No session {session_id}")
+        event = Event.objects.create(session_id=session_id, seq=row[0], type=type, payload=dict(payload or {}),
+                                     turn_id=turn_id, step_id=step_id)
+        transaction.on_commit(partial(announce.announce_event, event.as_dict()), robust=True)
+    return event
+
+
+def _db_uuid(value: uuid.UUID | str) -> str:
+    # SQLite stores UUIDs as 32 hex chars, PostgreSQL as uuid; hex works for both.
+    return uuid.UUID(str(value)).hex
+
+
+# --- transitions -------------------------------------------------------------------------
+
+def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | None = None) -> tuple[M, bool]:
+    """Lock, check and move one row. Returns (row, changed). Call inside atomic()."""
+    try:
+        obj = model.objects.select_for_update().get(pk=pk)
+    except model.DoesNotExist as exc:
+        raise NotFound(f"No {model.__name__} {pk}") from exc
+    if obj.status == to:
+        return obj, False
+    obj.ensure_can_move_to(to)
+    obj.status = to
+    update_fields = ["status", "updated_at"]
+    for name, value in (fields or {}).items():
+        setattr(obj, name, value)
+        update_fields.append(name)
+    obj.save(update_fields=update_fields)
+    return obj, True
+
+
+@transaction.atomic
+def session_transition(*, session_id: uuid.UUID | str, to: str) -> AgentSession:
+    session, changed = _transition(AgentSession, session_id, to)
+    if changed:
+        event_record(session_id=session.id, type="session.status_changed", payload={"status": to})
+    return session
+
+
+@transaction.atomic
+def turn_transition(*, turn_id: uuid.UUID | str, to: str, **fields: Any) -> Turn:
+    """Move a turn; stamps started/finished times and records ``turn.<status>`` events."""
+    now = timezone.now()
+    if to == Turn.Status.RUNNING:
+        fields.setdefault("started_at", now)
+    if to in (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED):
+        fields.setdefault("finished_at", now)
+    turn, changed = _transition(Turn, turn_id, to, fields)
+    if changed:
+        payload: dict[str, Any] = {"status": to, "index": turn.index}
+        if turn.error_code:
+            payload.update(error_code=turn.error_code, error_message=turn.error_message, retryable=turn.retryable)
+        if to == Turn.Status.COMPLETED:
+            payload["output_text"] = turn.output_text
+        event_type = "turn.started" if to == Turn.Status.RUNNING else f"turn.{to}"
+        event_record(session_id=turn.session_id, turn_id=turn.id, type=event_type, payload=payload)
+    return turn
+
+
+@transaction.atomic
+def step_transition(*, step_id: uuid.UUID | str, to: str, event_type: str | None = None,
+                    event_payload: Mapping[str, Any] | None = None, **fields: Any) -> Step:
+    """Move a step. ``event_type`` names the timeline event to record with the move."""
+    now = timezone.now()
+    if to == Step.Status.RUNNING:
+        fields.setdefault("started_at", now)
+    if to in Step.SETTLED:
+        fields.setdefault("finished_at", now)
+        fields.setdefault("lease_owner", "")
+        fields.setdefault("lease_expires_at", None)
+    step, changed = _transition(Step, step_id, to, fields)
+    if changed and event_type:
+        event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type=event_type,
+                     payload={"status": to, "index": step.index, "kind": step.kind, "tool": step.tool_name,
+                              **(event_payload or {})})
+    return step
+
+
+# --- sessions and turns ------------------------------------------------------------------
+
+def _string_list(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InvalidArguments(f"{name} must be a list of strings", details={"field": name})
+    return list(value)
+
+
+BUDGET_FIELDS = ("max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds")
+
+
+@transaction.atomic
+def session_create(*, agent: AgentProfile, owner: User, title: str = "",
+                   pinned: Mapping[str, Any] | None = None, budget: Mapping[str, Any] | None = None,
+                   metadata: Mapping[str, Any] | None = None) -> AgentSession:
+    """Create a session from an agent profile; budgets default to the profile's."""
+    if not agent.enabled:
+        raise InvalidArguments(f"Agent {agent.slug} is disabled", details={"field": "agent"})
+    pinned = dict(pinned or {})
+    unknown = set(pinned) - {"requirements", "prohibitions", "acceptance_criteria"}
+    if unknown:
+        raise InvalidArguments(f"Unknown pinned fields: {sorted(unknown)}", details={"fields": sorted(unknown)})
+    budgets: dict[str, int | None] = {name: getattr(agent, name) for name in BUDGET_FIELDS}
+    for name, value in (budget or {}).items():
+        if name not in BUDGET_FIELDS:
+            raise InvalidArguments(f"Unknown budget {name!r}", details={"field": name, "allowed": BUDGET_FIELDS})
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
+        budgets[name] = value
+    session = AgentSession.objects.create(
+        agent=agent, owner=owner, title=title[:200],
+        requirements=_string_list(pinned.get("requirements"), "requirements"),
+        prohibitions=_string_list(pinned.get("prohibitions"), "prohibitions"),
+        acceptance_criteria=_string_list(pinned.get("acceptance_criteria"), "acceptance_criteria"),
+        metadata=dict(metadata or {}), **budgets,
+    )
+    event_record(session_id=session.id, type="session.created",
+                 payload={"agent": agent.slug, "title": session.title, "owner": owner.get_username()})
+    return session
+
+
+@transaction.atomic
+def turn_create(*, session_id: uuid.UUID | str, input: str, actor: User | None = None,
+                idempotency_key: str = "") -> Turn:
+    """Queue a new turn. Refuses with 409 ``turn_active`` while another turn is active.
+
+    The caller enqueues the first engine tick after commit.
+    """
+    if not input or not input.strip():
+        raise InvalidArguments("input must not be empty", details={"field": "input"})
+    try:
+        session = AgentSession.objects.select_for_update().get(pk=session_id)
+    except AgentSession.DoesNotExist as exc:
+        raise NotFound(f"No session {session_id}") from exc
+    if idempotency_key:
+        existing = Turn.objects.filter(session=session, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    if Turn.objects.filter(session=session, status__in=Turn.ACTIVE).exists():
+        raise TurnActive("This session already has an active turn; wait for it or cancel it.")
+    index = (Turn.objects.filter(session=session).order_by("-index").values_list("index", flat=True).first() or 0) + 1
+    try:
+        with transaction.atomic():
+            turn = Turn.objects.create(session=session, index=index, input=input, created_by=actor,
+                                       idempotency_key=idempotency_key)
+    except IntegrityError as exc:  # the partial unique index caught a racing turn
+        raise TurnActive("This session already has an active turn.") from exc
+    session_transition(session_id=session.id, to=AgentSession.Status.IN_PROGRESS)
+    event_record(session_id=session.id, turn_id=turn.id, type="turn.queued",
+                 payload={"index": index, "input": input})
+    return turn
+
+
+# --- artifacts ---------------------------------------------------------------------------
+
+def content_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@transaction.atomic
+def artifact_record(*, session_id: uuid.UUID | str, path: str, size: int, sha256: str, storage_path: str,
+                    content_type: str = "application/octet-stream", turn_id: uuid.UUID | str | None = None,
+                    step_id: uuid.UUID | str | None = None) -> Artifact:
+    artifact, created = Artifact.objects.get_or_create(
+        session_id=uuid.UUID(str(session_id)), path=path, sha256=sha256,
+        defaults={"size": size, "storage_path": storage_path, "content_type": content_type,
+                  "turn_id": turn_id, "step_id": step_id},
+    )
+    if created:
+        event_record(session_id=session_id, turn_id=turn_id, step_id=step_id, type="artifact.published",
+                     payload={"artifact_id": str(artifact.id), "path": path, "size": size, "sha256": sha256})
+    return artifact

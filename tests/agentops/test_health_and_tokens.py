@@ -1,0 +1,69 @@
+import time
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from agentops.models import ApiToken
+from agentops.services import api_token_authenticate
+
+
+@pytest.mark.django_db
+def test_agentops_token_prints_token_once_and_stores_only_its_hash(capsys: pytest.CaptureFixture[str]) -> None:
+    user = User.objects.create_user("integration")
+    call_command("agentops_token", "integration")
+    token = capsys.readouterr().out.strip()
+    assert token.startswith("aop_") and len(token) > 30
+    row = ApiToken.objects.get(user=user)
+    assert token not in (row.token_sha256, row.prefix)
+    assert api_token_authenticate(token) == user
+    assert api_token_authenticate(token + "x") is None
+
+
+@pytest.mark.django_db
+def test_agentops_token_unknown_user_fails_clearly() -> None:
+    with pytest.raises(CommandError, match="No user 'ghost'"):
+        call_command("agentops_token", "ghost")
+    assert ApiToken.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_roles_exist_with_their_permissions() -> None:
+    from django.contrib.auth.models import Group
+
+    reviewers = Group.objects.get(name="reviewers")
+    operators = Group.objects.get(name="operators")
+    assert reviewers.permissions.filter(codename="decide_approvalrequest").exists()
+    assert operators.permissions.filter(codename="operate_agentsession").exists()
+    assert not operators.permissions.filter(codename="decide_approvalrequest").exists()
+    assert Group.objects.get(name="admins").permissions.count() > 20
+
+
+def test_healthz_ok_with_database_redis_and_a_worker(celery_worker: object) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        response = Client().get("/healthz")
+        if response.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
+    assert body["checks"]["workers"]["count"] >= 1
+
+
+@pytest.mark.django_db
+def test_healthz_503_names_redis_when_it_is_down(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert "redis" in body["failing"] and body["checks"]["database"]["ok"] is True
+
+
+@pytest.mark.django_db
+def test_healthz_503_names_workers_when_none_runs() -> None:
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["workers"]

@@ -1,0 +1,54 @@
+"""Plain rows for tests; other states are reached through services."""
+
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+
+from sessions_app import services
+from sessions_app.models import AgentProfile, AgentSession, Step, Turn
+from tools_app.models import ToolDefinition
+
+_counter = {"n": 0}
+
+
+def _next() -> int:
+    _counter["n"] += 1
+    return _counter["n"]
+
+
+def user(username: str | None = None, *, groups: list[str] | None = None, password: str = "pw",
+         **extra: Any) -> User:
+    u = User.objects.create_user(username=username or f"user{_next()}", password=password, **extra)
+    for name in groups or []:
+        u.groups.add(Group.objects.get(name=name))
+    return u
+
+
+def agent_profile(**fields: Any) -> AgentProfile:
+    n = _next()
+    defaults: dict[str, Any] = {"name": f"Agent {n}", "slug": f"agent-{n}", "model": "scripted",
+                                "instructions": "You are a careful agent."}
+    defaults.update(fields)
+    return AgentProfile.objects.create(**defaults)
+
+
+def tool_definition(name: str = "echo", **fields: Any) -> ToolDefinition:
+    defaults: dict[str, Any] = {"parameters_schema": {"type": "object", "properties": {}}}
+    defaults.update(fields)
+    return ToolDefinition.objects.create(name=name, **defaults)
+
+
+def session(*, agent: AgentProfile | None = None, owner: User | None = None, **kwargs: Any) -> AgentSession:
+    return services.session_create(agent=agent or agent_profile(), owner=owner or user(), **kwargs)
+
+
+def turn(session_obj: AgentSession | None = None, *, input: str = "hello") -> Turn:
+    return services.turn_create(session_id=(session_obj or session()).id, input=input)
+
+
+def step(turn_obj: Turn, *, kind: str = "tool", tool_name: str = "echo", index: int | None = None,
+         **fields: Any) -> Step:
+    if index is None:
+        index = Step.objects.filter(turn=turn_obj).count()
+    return Step.objects.create(session_id=turn_obj.session_id, turn=turn_obj, index=index, kind=kind,
+                               tool_name=tool_name, **fields)

@@ -1,0 +1,100 @@
+"""The tool registry as admins configure it, and the email outbox.
+
+``tools_app`` imports no other app: a tool takes a workspace path and arguments and
+returns a result.
+"""
+
+from typing import Any
+
+import jsonschema
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+
+class ApprovalMode(models.TextChoices):
+    SAFE_READONLY = "safe_readonly", "Safe (read-only): runs without asking"
+    CONFIRM_ONCE = "confirm_once", "Confirm once: a reviewer may allow it for the session"
+    MUTATING = "mutating", "Mutating: every call asks a reviewer"
+
+
+class NetworkPolicy(models.TextChoices):
+    NONE = "none", "No network (loopback only)"
+    HOST = "host", "Host network"
+
+
+def validate_json_schema(value: Any) -> None:
+    """Reject anything that is not a valid JSON Schema object describing an object."""
+    if not isinstance(value, dict):
+        raise ValidationError("The arguments schema must be a JSON object.")
+    try:
+        jsonschema.Draft202012Validator.check_schema(value)
+    except jsonschema.SchemaError as exc:
+        raise ValidationError(f"Invalid JSON schema: {exc.message}") from exc
+    if value.get("type", "object") != "object":
+        raise ValidationError('Tool arguments must be an object: the schema needs "type": "object".')
+
+
+class ToolDefinition(models.Model):
+    class Kind(models.TextChoices):
+        BUILTIN = "builtin", "Built-in (runs in the sandbox)"
+        CLIENT = "client", "Client (the integration submits the output)"
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.BUILTIN)
+    parameters_schema = models.JSONField(default=dict, validators=[validate_json_schema],
+                                         help_text="JSON Schema of the arguments (type: object).")
+    approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices,
+                                     default=ApprovalMode.MUTATING)
+    network = models.CharField(max_length=8, choices=NetworkPolicy.choices, default=NetworkPolicy.NONE)
+    timeout_seconds = models.PositiveIntegerField(default=60)
+    max_attempts = models.PositiveIntegerField(default=3)
+    idempotent = models.BooleanField(default=False)
+    approval_ttl_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="How long a request may wait; empty = the site default.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(approval_mode__in=ApprovalMode.values),
+                                   name="tooldefinition_approval_mode_valid"),
+            models.CheckConstraint(condition=Q(kind__in=["builtin", "client"]),
+                                   name="tooldefinition_kind_valid"),
+            models.CheckConstraint(condition=Q(network__in=NetworkPolicy.values),
+                                   name="tooldefinition_network_valid"),
+            models.CheckConstraint(condition=Q(timeout_seconds__gte=1), name="tooldefinition_timeout_positive"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="tooldefinition_attempts_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Outbox(models.Model):
+    """Every email the agents send. The unique idempotency key makes a second send impossible."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    to = models.CharField(max_length=500)
+    subject = models.CharField(max_length=500)
+    body = models.TextField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "outbox"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["pending", "sent"]), name="outbox_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.to}: {self.subject}"
