@@ -18,3 +18,22 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class IdempotencyRecord(models.Model):
+    """The response to a POST made with an ``Idempotency-Key``: a replay gets it back unchanged."""
+
+    scope = models.CharField(max_length=64, help_text="Hash of the caller's credentials.")
+    key = models.CharField(max_length=200)
+    request_sha256 = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True)
+    body = models.BinaryField(default=b"")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="idempotency_unique_key")]
+        indexes = [models.Index(fields=["created_at"])]
+
+    def __str__(self) -> str:
+        return self.key

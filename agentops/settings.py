@@ -40,6 +40,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "agentops.idempotency.IdempotencyMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -81,6 +82,8 @@ else:
     # Keep connections: a fresh connection per event costs more than the event.
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if env.str("DATABASE_TEST_NAME", default=""):  # parallel test runs on one server
+        DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: the Celery broker and the Channels layer. `make run` starts an embedded one when unset.

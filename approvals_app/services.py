@@ -269,6 +269,7 @@ def approvals_cancel_for_turn(*, turn_id: uuid.UUID | str) -> int:
 
 def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
     now = timezone.now()
-    return ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name, revoked_at__isnull=True).exclude(
-        expires_at__lte=now).exists()
+    grants = ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name,
+                                          revoked_at__isnull=True)
+    return grants.exclude(expires_at__lte=now).exists()
 

@@ -9,7 +9,11 @@ class SessionsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # The dashboard renders each event's HTML fragment once, in the process that announces it.
+        from sessions_app import announce, fragments
+
+        announce.fragment_renderer = fragments.render_event_fragment
         # The engine listens to approvals_app's `approval_decided` signal (approvals_app must
         # not import the engine: the dependency flows one way).
         with contextlib.suppress(ImportError):
-            from sessions_app.engine import receivers  # noqa: F401
+            import sessions_app.engine.receivers  # noqa: F401

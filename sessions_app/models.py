@@ -220,8 +220,9 @@ class Step(StateMachine, models.Model):
         S.PLANNED: frozenset({S.AWAITING_APPROVAL, S.APPROVED, S.RUNNING, S.FAILED, S.CANCELLED}),
         S.AWAITING_APPROVAL: frozenset({S.APPROVED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
         S.APPROVED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
-        # running -> planned: a lease expired and the effect check says a retry is safe.
-        S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.IN_DOUBT, S.CANCELLED, S.PLANNED}),
+        # A lease expired and the effect check says a retry is safe: a model step goes back to
+        # planned, an approved tool step back to approved (it was approved already; never ask twice).
+        S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.IN_DOUBT, S.CANCELLED, S.PLANNED, S.APPROVED}),
         # in_doubt: a reviewer decides retry (approved), mark done (completed) or fail.
         S.IN_DOUBT: frozenset({S.APPROVED, S.COMPLETED, S.FAILED, S.CANCELLED}),
         S.COMPLETED: frozenset(),

@@ -7,7 +7,14 @@ from tests import factories
 
 @pytest.fixture(autouse=True)
 def _workspace_root(settings, tmp_path_factory: pytest.TempPathFactory) -> None:  # type: ignore[no-untyped-def]
-    settings.AGENTOPS_WORKSPACE_ROOT = tmp_path_factory.mktemp("workspaces")
+    # The sandbox runs as an unprivileged uid: the workspace root must be traversable by it,
+    # which pytest's private (0700) temp directory is not.
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="agentops-test-ws-"))
+    root.chmod(0o711)
+    settings.AGENTOPS_WORKSPACE_ROOT = root
     settings.AGENTOPS_ARTIFACT_ROOT = tmp_path_factory.mktemp("artifacts")
 
 
@@ -44,3 +51,26 @@ def celery_worker(transactional_db: None):  # type: ignore[no-untyped-def]
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING",
                       queues=["engine", "llm", "sandbox"], shutdown_timeout=30) as worker:
         yield worker
+
+
+@pytest.fixture(scope="session")
+def scripted_model_url() -> str:  # type: ignore[misc]
+    """The scripted OpenAI-compatible model, served over real HTTP for the whole run."""
+    from sessions_app.scripted_model import start_in_thread
+
+    server, url = start_in_thread(port=0)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def engine_agent(db: None, scripted_model_url: str) -> factories.AgentProfile:
+    """An agent on the scripted model with every built-in tool."""
+    from tools_app.models import ToolDefinition
+    from tools_app.services import tool_definitions_seed
+
+    tool_definitions_seed()
+    profile = factories.agent_profile(base_url=scripted_model_url, model="scripted")
+    profile.tools.set(ToolDefinition.objects.all())
+    return profile

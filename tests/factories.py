@@ -16,8 +16,20 @@ def _next() -> int:
     return _counter["n"]
 
 
+def ensure_roles() -> None:
+    """Transactional tests flush every table, data migrations included: put the roles back."""
+    if not Group.objects.filter(name="reviewers").exists():
+        import importlib
+
+        from django.apps import apps
+
+        importlib.import_module("agentops.migrations.0002_roles").create_roles(apps, None)
+
+
 def user(username: str | None = None, *, groups: list[str] | None = None, password: str = "pw",
          **extra: Any) -> User:
+    if groups:
+        ensure_roles()
     u = User.objects.create_user(username=username or f"user{_next()}", password=password, **extra)
     for name in groups or []:
         u.groups.add(Group.objects.get(name=name))

@@ -1,0 +1,44 @@
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from ninja import Field, Schema
+
+
+class ApprovalDecideIn(Schema):
+    decision: Literal["approve", "reject", "retry", "mark_done", "fail"]
+    reason: str = Field("", max_length=5000)
+    arguments_sha256: str | None = Field(None, min_length=64, max_length=64)
+    arguments: dict[str, Any] | None = None
+    remember: bool = False
+
+
+class ApprovalOut(Schema):
+    request_id: UUID
+    kind: str
+    session_id: UUID
+    turn_id: UUID
+    step_id: UUID
+    tool_name: str
+    arguments: dict[str, Any]
+    arguments_sha256: str
+    approval_mode: str
+    risk: str
+    risk_note: str
+    sandbox_backend: str
+    network_policy: str
+    preview: str
+    status: str
+    decision: str
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str
+    edited_arguments: dict[str, Any] | None
+    remember: bool
+    expires_at: datetime | None
+    created_at: datetime
+
+
+class ApprovalPageOut(Schema):
+    items: list[ApprovalOut]
+    next_cursor: str | None

@@ -1,0 +1,184 @@
+"""One engine tick: lock the turn, decide the one next action, claim it, do it or hand it off.
+
+Read-only tools that need no sandbox run inline and the loop continues in the same task; a
+task ends where the design needs it: a sandboxed command (queue ``sandbox``), a model call
+(queue ``llm``, unless we are already on it), an approval, a client tool, a budget, or the
+inline limit (then it re-enqueues itself).
+"""
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from sessions_app.engine import llm, tools
+from sessions_app.engine.state import step_claim, turn_fail, turn_move
+from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.services import event_record, step_transition
+
+log = logging.getLogger(__name__)
+
+INLINE_SECONDS = 30.0  # a tick hands over to a fresh task after this long
+MODEL_LEASE_SECONDS = llm.MODEL_TIMEOUT_SECONDS * (1 + len(llm.RETRY_DELAYS)) + 30
+
+
+@dataclass
+class Next:
+    """What the tick decided: nothing more here, or a task to enqueue after commit."""
+
+    action: str  # "done" | "model" | "tool" | "wait" | "continue"
+    step_id: uuid.UUID | None = None
+
+
+def _budget_exceeded(session: AgentSession, turn: Turn, *, before: str) -> tuple[str, int, float] | None:
+    wall = session.wall_seconds + ((timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0)
+    checks: list[tuple[str, int | None, float]] = [
+        ("max_tokens", session.max_tokens, session.prompt_tokens + session.completion_tokens),
+        ("max_wall_seconds", session.max_wall_seconds, wall),
+    ]
+    if before == "model":
+        checks.append(("max_model_calls", session.max_model_calls, session.model_calls))
+    if before == "tool":
+        checks.append(("max_tool_calls", session.max_tool_calls, session.tool_calls))
+    for name, limit, used in checks:
+        if limit is not None and used >= limit:
+            return name, limit, used
+    return None
+
+
+def _fail_budget(turn: Turn, budget: tuple[str, int, float]) -> None:
+    name, limit, used = budget
+    with transaction.atomic():
+        event_record(session_id=turn.session_id, turn_id=turn.id, type="budget.exceeded",
+                     payload={"budget": name, "limit": limit, "used": used})
+        turn_fail(turn_id=turn.id, code="budget_exceeded",
+                  message=f"The session's budget {name} ({limit}) is used up ({used:g}).")
+
+
+def decide(turn_id: uuid.UUID | str) -> Next:
+    """Advance the turn as far as it can go without slow work; say what comes next.
+
+    One short transaction holding the turn lock: the decision and its claim are atomic.
+    """
+    with transaction.atomic():
+        turn = Turn.objects.select_for_update().filter(pk=turn_id).first()
+        if turn is None or not turn.is_active:
+            return Next("done")
+        session = AgentSession.objects.select_related("agent").get(pk=turn.session_id)
+        if turn.status == Turn.Status.QUEUED:
+            turn = turn_move(turn.id, Turn.Status.RUNNING)
+        steps = list(Step.objects.select_for_update().filter(turn=turn).order_by("index"))
+        tool_steps = [s for s in steps if s.kind == Step.Kind.TOOL]
+        last_model = next((s for s in reversed(steps) if s.kind == Step.Kind.MODEL), None)
+
+        # A model step in flight: its task owns the turn.
+        if last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING):
+            if last_model.status == Step.Status.PLANNED:
+                return Next("model", last_model.id)
+            return Next("wait")
+
+        for step in tool_steps:
+            if step.status == Step.Status.PLANNED:
+                tools.gate_step(step=step, session=session)
+        steps = list(Step.objects.filter(turn=turn).order_by("index"))
+        tool_steps = [s for s in steps if s.kind == Step.Kind.TOOL]
+        statuses = {s.status for s in tool_steps}
+
+        if Step.Status.RUNNING in statuses and any(s.lease_expires_at is not None for s in tool_steps
+                                                   if s.status == Step.Status.RUNNING):
+            return Next("wait")  # a command is running; its task enqueues the next tick
+        approved = [s for s in tool_steps if s.status == Step.Status.APPROVED]
+        if approved:
+            _sync_turn(turn, Turn.Status.RUNNING)
+            budget = _budget_exceeded(session, turn, before="tool")
+            if budget:
+                _fail_budget(turn, budget)
+                return Next("done")
+            return Next("tool", approved[0].id)
+        if Step.Status.AWAITING_APPROVAL in statuses or Step.Status.IN_DOUBT in statuses:
+            _sync_turn(turn, Turn.Status.AWAITING_APPROVAL)
+            return Next("wait")
+        if Step.Status.RUNNING in statuses:  # only client tools (no lease) are left running
+            _sync_turn(turn, Turn.Status.REQUIRES_ACTION)
+            return Next("wait")
+
+        # Every tool step is settled: the model speaks next, or the turn is complete.
+        _sync_turn(turn, Turn.Status.RUNNING)
+        if last_model is not None and last_model.status == Step.Status.COMPLETED and not tool_steps_after(
+                steps, last_model):
+            output = str((last_model.message or {}).get("content") or "")
+            turn_move(turn.id, Turn.Status.COMPLETED, output_text=output)
+            return Next("done")
+        budget = _budget_exceeded(session, turn, before="model")
+        if budget:
+            _fail_budget(turn, budget)
+            return Next("done")
+        index = (steps[-1].index + 1) if steps else 0
+        step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
+        return Next("model", step.id)
+
+
+def tool_steps_after(steps: list[Step], model_step: Step) -> bool:
+    return any(s.kind == Step.Kind.TOOL and s.index > model_step.index for s in steps)
+
+
+def _sync_turn(turn: Turn, to: str) -> None:
+    if turn.status != to:
+        turn_move(turn.id, to)
+        turn.status = to
+
+
+def run_model_step(step_id: uuid.UUID | str) -> bool:
+    """Claim a planned model step, call the model, record the reply. False when not ours."""
+    step = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
+                      event_type="model.started")
+    if step is None:
+        return False
+    try:
+        reply = llm.call_model(step)
+    except llm.ModelCallFailed as exc:
+        with transaction.atomic():
+            step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="model.failed",
+                            event_payload={"error_code": exc.code, "error": exc.message[:500]},
+                            error_code=exc.code, error_message=exc.message[:2000])
+            turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
+        return True
+    try:
+        llm.record_reply(step=step, reply=reply)
+    except Exception:
+        log.exception("recording the reply of step %s failed", step.id)
+        raise
+    return True
+
+
+def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
+    """Drive a turn until it must wait or hand off. Called by every engine task."""
+    from sessions_app import tasks
+
+    started = time.monotonic()
+    while True:
+        nxt = decide(turn_id)
+        if nxt.action in ("done", "wait"):
+            return
+        if time.monotonic() - started > INLINE_SECONDS:
+            tasks.turn_advance_task.delay(str(turn_id))
+            return
+        assert nxt.step_id is not None
+        if nxt.action == "model":
+            if not on_llm_worker:
+                tasks.model_call_task.delay(str(nxt.step_id))
+                return
+            if not run_model_step(nxt.step_id):
+                return
+            continue
+        if nxt.action == "tool":
+            step = Step.objects.get(pk=nxt.step_id)
+            if tools.needs_sandbox_queue(step):
+                tasks.tool_run_task.delay(str(step.id))
+                return
+            tools.run_tool_step(step.id)
+            continue
+

@@ -1,0 +1,105 @@
+"""Small shared pieces of the engine: claiming steps, failing turns, keeping session status in step."""
+
+import socket
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.services import event_record, session_transition, turn_transition
+
+TURN_TO_SESSION = {
+    Turn.Status.QUEUED: AgentSession.Status.IN_PROGRESS,
+    Turn.Status.RUNNING: AgentSession.Status.IN_PROGRESS,
+    Turn.Status.AWAITING_APPROVAL: AgentSession.Status.AWAITING_APPROVAL,
+    Turn.Status.REQUIRES_ACTION: AgentSession.Status.REQUIRES_ACTION,
+    Turn.Status.COMPLETED: AgentSession.Status.IDLE,
+    Turn.Status.CANCELLED: AgentSession.Status.IDLE,
+    Turn.Status.FAILED: AgentSession.Status.FAILED,
+}
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{threading.get_ident()}"
+
+
+def turn_move(turn_id: uuid.UUID | str, to: str, **fields: Any) -> Turn:
+    """Move a turn and its session together. Call inside atomic()."""
+    turn = turn_transition(turn_id=turn_id, to=to, **fields)
+    session_transition(session_id=turn.session_id, to=TURN_TO_SESSION[Turn.Status(to)])
+    if to in (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED) and turn.started_at:
+        elapsed = (timezone.now() - turn.started_at).total_seconds()
+        AgentSession.objects.filter(pk=turn.session_id).update(wall_seconds=F("wall_seconds") + elapsed)
+    return turn
+
+
+@transaction.atomic
+def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: bool = False) -> Turn | None:
+    """Fail an active turn (no-op on a finished one) and settle its open steps."""
+    turn = Turn.objects.select_for_update().get(pk=turn_id)
+    if not turn.is_active:
+        return None
+    for step in Step.objects.select_for_update().filter(turn_id=turn_id).exclude(status__in=Step.SETTLED):
+        _settle_open_step(step, Step.Status.FAILED if step.status != Step.Status.IN_DOUBT else Step.Status.FAILED,
+                          code)
+    _cancel_approvals(turn.id)
+    return turn_move(turn.id, Turn.Status.FAILED, error_code=code, error_message=message[:2000],
+                     retryable=retryable)
+
+
+def _settle_open_step(step: Step, to: str, code: str) -> None:
+    from sessions_app.services import step_transition
+
+    if step.status in (Step.Status.AWAITING_APPROVAL,):
+        to = Step.Status.CANCELLED
+    if not step.can_move_to(to):
+        to = Step.Status.CANCELLED
+    step_transition(step_id=step.id, to=to, error_code=code)
+
+
+def _cancel_approvals(turn_id: uuid.UUID) -> None:
+    from approvals_app.services import approvals_cancel_for_turn
+
+    approvals_cancel_for_turn(turn_id=turn_id)
+
+
+def lease_until(seconds: float) -> Any:
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def lease_seconds_for(timeout_seconds: int) -> float:
+    """A lease outlives the longest legitimate run: the tool's timeout plus a margin."""
+    return float(timeout_seconds) + float(settings.AGENTOPS_LEASE_SECONDS)
+
+
+@transaction.atomic
+def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: float, event_type: str,
+               event_payload: dict[str, Any] | None = None) -> Step | None:
+    """Claim a step for running with a conditional update: exactly one caller wins.
+
+    A redelivered or duplicated task finds the step no longer in ``from_status`` and gets None.
+    """
+    now = timezone.now()
+    claimed = Step.objects.filter(pk=step_id, status=from_status).update(
+        status=Step.Status.RUNNING, lease_owner=worker_id(), lease_expires_at=now + timedelta(seconds=lease_seconds),
+        attempts=F("attempts") + 1, started_at=now, updated_at=now,
+    )
+    if not claimed:
+        return None
+    step = Step.objects.get(pk=step_id)
+    event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type=event_type,
+                 payload={"status": "running", "index": step.index, "kind": step.kind, "tool": step.tool_name,
+                          "attempt": step.attempts, "arguments": step.arguments if step.kind == "tool" else None,
+                          **(event_payload or {})})
+    return step
+
+
+def step_is_cancelled(step_id: uuid.UUID | str) -> bool:
+    status = Step.objects.filter(pk=step_id).values_list("status", flat=True).first()
+    return status in (None, Step.Status.CANCELLED)

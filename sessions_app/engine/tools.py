@@ -1,0 +1,237 @@
+"""Gate and run tool steps.
+
+The gate decides per step: safe_readonly runs; confirm_once runs under a live grant; anything
+else asks a reviewer (an ApprovalRequest; the worker is released). Running claims the step
+(approved → running) and consumes its approval in the same transaction, so what was approved
+runs exactly once.
+"""
+
+import hashlib
+import logging
+import mimetypes
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from agentops.domain import Conflict, InvalidTransition
+from approvals_app.models import ApprovalRequest
+from approvals_app.services import approval_consume, approval_request_create, grant_is_live
+from sessions_app.engine.state import lease_seconds_for, step_claim, step_is_cancelled
+from sessions_app.models import AgentSession, Step
+from sessions_app.services import artifact_record, step_transition
+from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments
+from tools_app.models import ApprovalMode, ToolDefinition
+from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
+
+log = logging.getLogger(__name__)
+
+
+def session_workspace(session: AgentSession) -> Path:
+    """The session's workspace, created (and seeded with the profile's starter files) on first use."""
+    if session.workspace:
+        path = Path(session.workspace)
+        if path.is_dir():
+            return path
+    path = workspace_for(session.id)
+    for rel, content in (session.agent.starter_files or {}).items():
+        target = (path / rel).resolve()
+        if path.resolve() not in target.parents:
+            continue  # a starter file must stay inside the workspace
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+            _chown_like(target, path)
+    AgentSession.objects.filter(pk=session.pk).update(workspace=str(path))
+    session.workspace = str(path)
+    return path
+
+
+def _chown_like(target: Path, root: Path) -> None:
+    import os
+
+    st = root.stat()
+    node = target
+    while node != root:
+        try:
+            os.chown(node, st.st_uid, st.st_gid)
+        except PermissionError:
+            return
+        node = node.parent
+
+
+def _fail_step(step: Step, code: str, message: str) -> None:
+    step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="tool.failed",
+                    event_payload={"result": {"status": "failed", "error_code": code, "output": message}},
+                    result={"status": "failed", "error_code": code, "output": message},
+                    error_code=code, error_message=message)
+
+
+def risk_of(tool: ToolDefinition) -> tuple[str, str]:
+    if tool.network == "host":
+        return "high", "This call may reach the network from the sandbox."
+    if tool.name in ("send_email", "http_request"):
+        return "high", "This call has an effect outside the workspace."
+    if tool.approval_mode == ApprovalMode.CONFIRM_ONCE:
+        return "medium", "Confirm-once tool: you may allow it for the rest of the session."
+    return "medium", "Changes files in the session's sandboxed workspace."
+
+
+@transaction.atomic
+def gate_step(*, step: Step, session: AgentSession) -> str:
+    """Decide what a planned tool step needs. Returns the step's new status."""
+    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    allowed = session.agent.tools.filter(pk=tool.pk).exists() if tool else False
+    if step.error_code == "invalid_arguments":
+        _fail_step(step, "invalid_arguments", step.error_message)
+        return Step.Status.FAILED
+    if tool is None or not tool.enabled or not allowed:
+        _fail_step(step, "denied" if tool else "unknown_tool",
+                   f"The tool {step.tool_name!r} is not available to this agent.")
+        return Step.Status.FAILED
+    errors = validate_arguments(tool.name, tool.parameters_schema, step.arguments)
+    if errors:
+        _fail_step(step, "invalid_arguments", "Invalid arguments: " + "; ".join(errors[:10]))
+        return Step.Status.FAILED
+    if tool.kind == ToolDefinition.Kind.CLIENT:
+        # The integration runs it and posts the output by call_id; no lease: nothing runs here.
+        step_transition(step_id=step.id, to=Step.Status.RUNNING, event_type="tool.started",
+                        event_payload={"client": True, "call_id": step.call_id, "arguments": step.arguments})
+        return Step.Status.RUNNING
+    mode = tool.approval_mode
+    if mode == ApprovalMode.SAFE_READONLY or (
+            mode == ApprovalMode.CONFIRM_ONCE and grant_is_live(session_id=session.id, tool_name=tool.name)):
+        step_transition(step_id=step.id, to=Step.Status.APPROVED)
+        return Step.Status.APPROVED
+    risk, note = risk_of(tool)
+    preview = ""
+    if tool.name == "write_file":
+        try:
+            from tools_app.builtin import write_file_preview
+
+            preview = write_file_preview(session_workspace(session), step.arguments)
+        except Exception as exc:  # a preview is a courtesy; the approval must still be asked
+            preview = f"(no preview: {exc})"
+    status = sandbox_status()
+    approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
+                            sandbox_backend=str(status.get("backend", "")), network_policy=tool.network,
+                            ttl_seconds=tool.approval_ttl_seconds)
+    return Step.Status.AWAITING_APPROVAL
+
+
+def needs_sandbox_queue(step: Step) -> bool:
+    builtin = BUILTIN_TOOLS.get(step.tool_name)
+    return builtin is None or builtin.needs_sandbox
+
+
+def _approval_for(step: Step) -> ApprovalRequest | None:
+    return (ApprovalRequest.objects.filter(step=step, kind=ApprovalRequest.Kind.TOOL,
+                                           status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
+
+
+def claim_tool_step(step_id: uuid.UUID | str) -> tuple[Step, ApprovalRequest | None] | None:
+    """approved → running with a lease, consuming its approval in the same transaction."""
+    step = Step.objects.filter(pk=step_id).first()
+    if step is None or step.status != Step.Status.APPROVED:
+        return None
+    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    timeout = tool.timeout_seconds if tool else 60
+    with transaction.atomic():
+        claimed = step_claim(step_id=step_id, from_status=Step.Status.APPROVED,
+                             lease_seconds=lease_seconds_for(timeout), event_type="tool.started")
+        if claimed is None:
+            return None
+        approval = _approval_for(claimed)
+        if approval is not None:
+            try:
+                approval_consume(request_id=approval.request_id)
+            except Conflict:
+                # Consumed already: a previous attempt ran it. Never run it twice: leave the
+                # step for the sweeper, which checks what really happened.
+                transaction.set_rollback(True)
+                return None
+    return claimed, approval
+
+
+def run_tool_step(step_id: uuid.UUID | str) -> Step | None:
+    """Claim, run and record one approved tool step. Returns None when another worker has it."""
+    claim = claim_tool_step(step_id)
+    if claim is None:
+        return None
+    step, approval = claim
+    session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    workspace = session_workspace(session)
+    manifest = None
+    if tool is not None and not tool.idempotent:
+        # Effect evidence before a mutating command: recovery compares the workspace with it.
+        manifest = workspace_manifest(workspace)
+        Step.objects.filter(pk=step.pk).update(manifest=manifest)
+    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
+                          timeout_seconds=tool.timeout_seconds if tool else None,
+                          network=tool.network if tool else "none",
+                          idempotency_key=step.idempotency_key or str(step.id),
+                          should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest)
+    payload = result.to_dict()
+    if approval is not None and approval.edited_arguments is not None:
+        payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
+                                    f"{approval.arguments}; what ran was {approval.edited_arguments}.")
+    return record_tool_result(step=step, result=payload, workspace=workspace)
+
+
+def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:
+    ok = result.get("status") == "completed"
+    artifacts = []
+    if workspace is not None:
+        for item in result.get("published_files") or []:
+            stored = _store_artifact(step.session_id, workspace, item)
+            if stored:
+                artifacts.append(stored)
+    try:
+        with transaction.atomic():
+            moved = step_transition(
+                step_id=step.id, to=Step.Status.COMPLETED if ok else Step.Status.FAILED,
+                event_type="tool.completed" if ok else "tool.failed",
+                event_payload={"result": _event_result(result)}, result=result,
+                error_code="" if ok else str(result.get("error_code", "tool_error")),
+                error_message="" if ok else str(result.get("error_message", ""))[:2000])
+            AgentSession.objects.filter(pk=step.session_id).update(tool_calls=F("tool_calls") + 1)
+            for item in artifacts:
+                artifact_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, **item)
+    except InvalidTransition:
+        log.info("step %s was settled meanwhile (cancelled?); its result is dropped", step.id)
+        return None
+    return moved
+
+
+def _event_result(result: dict[str, Any]) -> dict[str, Any]:
+    keep = ("status", "output", "exit_code", "duration_ms", "files_changed", "error_code", "error_message",
+            "reviewer_note")
+    out = {k: result.get(k) for k in keep if k in result}
+    text = out.get("output")
+    if isinstance(text, str) and len(text) > 8000:
+        out["output"] = text[:4000] + "\n[… cut in the live view; the full output is stored …]\n" + text[-4000:]
+    return out
+
+
+def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]) -> dict[str, Any] | None:
+    """Copy a published file out of the workspace, content-addressed, so it outlives it."""
+    rel = str(item.get("path", ""))
+    source = (workspace / rel).resolve()
+    if workspace.resolve() not in source.parents or not source.is_file() or source.is_symlink():
+        return None
+    digest = hashlib.sha256()
+    with source.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    sha = digest.hexdigest()
+    target = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id) / sha
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        shutil.copyfile(source, target)
+    return {"path": rel, "size": target.stat().st_size, "sha256": sha, "storage_path": str(target),
+            "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}

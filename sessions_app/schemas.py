@@ -1,0 +1,144 @@
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ninja import Field, Schema
+
+
+class SessionCreateIn(Schema):
+    agent: str = Field(..., min_length=1, max_length=64)
+    input: str | None = Field(None, max_length=200_000)
+    title: str | None = Field(None, max_length=200)
+    pinned: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class TurnCreateIn(Schema):
+    input: str = Field(..., min_length=1, max_length=200_000)
+
+
+class ToolOutputIn(Schema):
+    call_id: str = Field(..., min_length=1, max_length=100)
+    output: Any
+    success: bool = True
+
+
+class UsageOut(Schema):
+    tool_calls: int
+    model_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    wall_seconds: float
+
+
+class SessionOut(Schema):
+    id: UUID
+    agent: str
+    owner: str
+    title: str
+    status: str
+    pinned: dict[str, list[str]]
+    budget: dict[str, int | None]
+    usage: UsageOut
+    metadata: dict[str, Any]
+    last_seq: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class StepOut(Schema):
+    id: UUID
+    index: int
+    kind: str
+    status: str
+    tool_name: str
+    call_id: str
+    arguments: dict[str, Any]
+    approval_mode: str
+    result: dict[str, Any] | None
+    error_code: str
+    error_message: str
+    attempts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TurnOut(Schema):
+    id: UUID
+    session_id: UUID
+    index: int
+    input: str
+    status: str
+    output_text: str
+    error_code: str
+    error_message: str
+    retryable: bool
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TurnDetailOut(TurnOut):
+    steps: list[StepOut]
+
+
+class SessionCreatedOut(SessionOut):
+    turn: TurnOut | None = None
+
+
+class EventOut(Schema):
+    seq: int
+    type: str
+    turn_id: UUID | None
+    step_id: UUID | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+class EventPageOut(Schema):
+    items: list[EventOut]
+    next_after: int
+
+
+class SessionPageOut(Schema):
+    items: list[SessionOut]
+    next_cursor: str | None
+
+
+class ArtifactOut(Schema):
+    id: UUID
+    path: str
+    size: int
+    sha256: str
+    content_type: str
+    turn_id: UUID | None
+    created_at: datetime
+
+
+class ToolOut(Schema):
+    name: str
+    description: str
+    kind: str
+    parameters_schema: dict[str, Any]
+    approval_mode: str
+    network: str
+    timeout_seconds: int
+    idempotent: bool
+    enabled: bool
+
+
+class AgentOut(Schema):
+    slug: str
+    name: str
+    model: str
+    tools: list[str]
+    budget: dict[str, int | None]
+
+
+class ErrorOut(Schema):
+    code: str
+    message: str
+    details: dict[str, Any]

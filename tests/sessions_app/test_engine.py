@@ -1,0 +1,269 @@
+"""The engine end to end in-process: a real Celery worker (threads), Redis, the database and
+the scripted model over HTTP through the openai SDK."""
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from approvals_app.models import ApprovalRequest
+from sessions_app.engine import recovery
+from sessions_app.engine.services import session_cancel, session_start
+from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
+from tests import factories
+from tools_app.models import Outbox, ToolDefinition
+
+pytestmark = pytest.mark.usefixtures("celery_worker")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished(turn: Turn, timeout: float = 30) -> Turn:
+    def done() -> Turn | None:
+        t = Turn.objects.get(pk=turn.pk)
+        return t if not t.is_active else None
+
+    return wait_for(done, timeout, f"turn {turn.pk} to finish")
+
+
+def pending_approvals(turn: Turn, n: int = 1) -> list[ApprovalRequest]:
+    return wait_for(lambda: (lambda rows: rows if len(rows) >= n else None)(
+        list(ApprovalRequest.objects.filter(turn=turn, status="pending").order_by("step__index"))),
+        what=f"{n} pending approvals")
+
+
+def script(*lines: str) -> str:
+    return "\n".join(lines)
+
+
+def tool(name: str, **arguments: Any) -> str:
+    return f"tool {name} {json.dumps(arguments)}"
+
+
+def assert_gap_free(session: AgentSession) -> None:
+    seqs = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[AgentSession, Turn]:
+    session, turn = session_start(agent=agent, owner=owner, input=text, **kwargs)
+    assert turn is not None
+    return session, turn
+
+
+@pytest.fixture
+def people(transactional_db: None) -> tuple[User, User]:
+    return factories.user("oscar", groups=["operators"]), factories.user("rita", groups=["reviewers"])
+
+
+def decide(reviewer: User, approval: ApprovalRequest, **body: Any) -> Any:
+    client = Client()
+    client.force_login(reviewer)
+    body.setdefault("arguments_sha256", approval.arguments_sha256)
+    return client.post(f"/api/approvals/{approval.request_id}/decision", json.dumps(body),
+                       content_type="application/json")
+
+
+def test_engine_read_only_turn_completes_without_approval(engine_agent: AgentProfile,
+                                                          people: tuple[User, User]) -> None:
+    engine_agent.starter_files = {"notes/a.txt": "alpha\n"}
+    engine_agent.save()
+    session, turn = start(engine_agent, people[0], script(tool("list_files", path="notes"),
+                                                          tool("read_file", path="notes/a.txt"),
+                                                          "say found: {results}"))
+    turn = finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert "read_file: alpha" in turn.output_text and "a.txt" in turn.output_text
+    assert not ApprovalRequest.objects.filter(session=session).exists()
+    types = list(Event.objects.filter(session=session).values_list("type", flat=True))
+    assert types.count("tool.completed") == 2 and "model.delta" in types and types[-1] == "session.status_changed"
+    assert AgentSession.objects.get(pk=session.pk).status == "idle"
+    assert_gap_free(session)
+
+
+def test_engine_mutating_tool_waits_for_approval_then_runs(engine_agent: AgentProfile,
+                                                           people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo hi > out.txt; cat out.txt"),
+                                                          "say ran: {results}"))
+    (approval,) = pending_approvals(turn)
+    assert Turn.objects.get(pk=turn.pk).status == "awaiting_approval"
+    assert AgentSession.objects.get(pk=session.pk).status == "awaiting_approval"
+    assert approval.arguments == {"command": "echo hi > out.txt; cat out.txt"}
+    assert approval.sandbox_backend and approval.network_policy == "none"
+    response = decide(people[1], approval, decision="approve")
+    assert response.status_code == 200, response.content
+    turn = finished(turn)
+    assert turn.status == "completed"
+    assert "run_command: hi" in turn.output_text
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "consumed"
+    assert_gap_free(session)
+
+
+def test_engine_rejection_reason_reaches_the_model(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="rm -rf /workspace/*"),
+                                                          "say told: {results}"))
+    (approval,) = pending_approvals(turn)
+    assert decide(people[1], approval, decision="reject", reason="never delete the workspace").status_code == 200
+    turn = finished(turn)
+    assert turn.status == "completed"
+    assert "never delete the workspace" in turn.output_text
+    assert Step.objects.get(pk=approval.step_id).status == "rejected"
+
+
+def test_engine_edited_arguments_run_and_the_model_is_told(engine_agent: AgentProfile,
+                                                           people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo original"),
+                                                          "say {results}"))
+    (approval,) = pending_approvals(turn)
+    assert decide(people[1], approval, decision="approve",
+                  arguments={"command": "echo edited"}).status_code == 200
+    turn = finished(turn)
+    assert "reviewer changed the arguments" in turn.output_text
+    step = Step.objects.get(pk=approval.step_id)
+    assert step.arguments == {"command": "echo edited"} and "edited" in (step.result or {})["output"]
+    stored = ApprovalRequest.objects.get(pk=approval.pk)
+    assert stored.arguments == {"command": "echo original"} and stored.edited_arguments == {"command": "echo edited"}
+
+
+def test_engine_edited_arguments_invalid_for_schema_is_422(engine_agent: AgentProfile,
+                                                          people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo x"), "say {results}"))
+    (approval,) = pending_approvals(turn)
+    response = decide(people[1], approval, decision="approve", arguments={"command": 42})
+    assert response.status_code == 422 and response.json()["code"] == "invalid_arguments"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+    session_cancel(session_id=session.id)
+
+
+def test_engine_expired_approval_is_reported_as_expired(engine_agent: AgentProfile,
+                                                        people: tuple[User, User]) -> None:
+    ToolDefinition.objects.filter(name="run_command").update(approval_ttl_seconds=1)
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo x"), "say {results}"))
+    (approval,) = pending_approvals(turn)
+    time.sleep(1.1)
+    assert recovery.sweep()["approvals_expired"] == 1
+    turn = finished(turn)
+    assert turn.status == "completed"
+    assert "expired" in turn.output_text and "rejected" not in turn.output_text.replace("not rejected", "")
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"
+    assert decide(people[1], approval, decision="approve").status_code == 409
+
+
+def test_engine_parallel_calls_decided_out_of_order(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(
+        "parallel", tool("run_command", command="echo first"), tool("run_command", command="echo second"),
+        tool("list_files", path="."), "end", "say {results}"))
+    first, second = pending_approvals(turn, 2)
+    assert decide(people[1], second, decision="approve").status_code == 200
+    wait_for(lambda: Step.objects.get(pk=second.step_id).status == "completed", what="second to run")
+    assert Turn.objects.get(pk=turn.pk).status == "awaiting_approval"
+    assert decide(people[1], first, decision="reject", reason="only the second").status_code == 200
+    turn = finished(turn)
+    assert turn.status == "completed"
+    assert "second" in turn.output_text and "only the second" in turn.output_text
+    assert_gap_free(session)
+
+
+def test_engine_client_tool_waits_for_output(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    lookup = ToolDefinition.objects.create(name="lookup_customer", kind="client", approval_mode="safe_readonly",
+                                           parameters_schema={"type": "object",
+                                                              "properties": {"email": {"type": "string"}}})
+    engine_agent.tools.add(lookup)
+    session, turn = start(engine_agent, people[0], script(tool("lookup_customer", email="a@example.com"),
+                                                          "say {results}"))
+    wait_for(lambda: Turn.objects.get(pk=turn.pk).status == "requires_action", what="requires_action")
+    assert AgentSession.objects.get(pk=session.pk).status == "requires_action"
+    step = Step.objects.get(turn=turn, tool_name="lookup_customer")
+    client = Client()
+    client.force_login(people[0])
+    url = f"/api/sessions/{session.id}/tool-outputs"
+    bad = client.post(url, json.dumps({"call_id": "nope", "output": "x"}), content_type="application/json")
+    assert bad.status_code == 404
+    ok = client.post(url, json.dumps({"call_id": step.call_id, "output": {"plan": "gold"}}),
+                     content_type="application/json")
+    assert ok.status_code == 200, ok.content
+    turn = finished(turn)
+    assert turn.status == "completed" and '"plan": "gold"' in turn.output_text
+
+
+def test_engine_budget_exceeded_fails_the_turn(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("list_files", path="."), tool("list_files", path="."),
+                                                          "say never"), budget={"max_tool_calls": 1})
+    turn = finished(turn)
+    assert turn.status == "failed" and turn.error_code == "budget_exceeded"
+    event = Event.objects.get(session=session, type="budget.exceeded")
+    assert event.payload["budget"] == "max_tool_calls" and event.payload["limit"] == 1
+    assert AgentSession.objects.get(pk=session.pk).status == "failed"
+
+
+def test_engine_cancel_mid_command_kills_it(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="sleep 60"), "say never"))
+    (approval,) = pending_approvals(turn)
+    decide(people[1], approval, decision="approve")
+    wait_for(lambda: Step.objects.get(pk=approval.step_id).status == "running", what="command to start")
+    started = time.monotonic()
+    session_cancel(session_id=session.id, actor=people[0])
+    assert Turn.objects.get(pk=turn.pk).status == "cancelled"
+    wait_for(lambda: Event.objects.filter(session=session, type="tool.cancelled").exists(), what="cancel event")
+    # The sandbox sees the cancelled step and kills the command well before its 60 s.
+    wait_for(lambda: not Step.objects.filter(pk=approval.step_id, lease_expires_at__isnull=False).exists()
+             or time.monotonic() - started > 5, timeout=10)
+    assert Step.objects.get(pk=approval.step_id).status == "cancelled"
+    assert AgentSession.objects.get(pk=session.pk).status == "idle"
+
+
+def test_engine_model_500_once_then_success(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script("error 500", "say recovered"))
+    turn = finished(turn)
+    assert turn.status == "completed" and turn.output_text == "recovered"
+    assert Event.objects.filter(session=session, type="model.retrying").count() == 1
+
+
+def test_engine_model_401_fails_at_once(engine_agent: AgentProfile, people: tuple[User, User],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessions_app.scripted_model import start_in_thread
+
+    server, url = start_in_thread(port=0, api_key="right-key")
+    try:
+        monkeypatch.setenv("AGENTOPS_TEST_MODEL_KEY", "wrong-key")
+        engine_agent.base_url, engine_agent.api_key_env = url, "AGENTOPS_TEST_MODEL_KEY"
+        engine_agent.save()
+        session, turn = start(engine_agent, people[0], "say hello")
+        turn = finished(turn)
+        assert turn.status == "failed" and turn.error_code == "authentication_error" and not turn.retryable
+        assert not Event.objects.filter(session=session, type="model.retrying").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_engine_send_email_sends_once(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(
+        tool("send_email", to="ops@example.com", subject="Incident", body="resolved"), "say {results}"))
+    (approval,) = pending_approvals(turn)
+    decide(people[1], approval, decision="approve")
+    turn = finished(turn)
+    assert turn.status == "completed"
+    assert Outbox.objects.filter(to="ops@example.com", status="sent").count() == 1
+
+
+def test_engine_self_approval_is_forbidden(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    both = factories.user("both", groups=["operators", "reviewers"])
+    session, turn = start(engine_agent, both, script(tool("run_command", command="echo x"), "say {results}"))
+    (approval,) = pending_approvals(turn)
+    response = decide(both, approval, decision="approve")
+    assert response.status_code == 403 and response.json()["code"] == "self_approval_forbidden"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+    session_cancel(session_id=session.id)

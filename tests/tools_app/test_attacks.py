@@ -1,0 +1,155 @@
+"""Bad input and attacks, each run under real bubblewrap: refused or contained with a clear error code,
+and the host and other sessions unchanged afterwards."""
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tools_app.conftest import sandbox_uid_pids
+from tools_app.builtin import execute_tool
+from tools_app.sandbox import SandboxPolicy, run_sandboxed, workspace_for, workspace_manifest
+
+pytestmark = pytest.mark.usefixtures("real_sandbox")
+
+
+def run(workspace: Path, command: str, timeout: int = 5) -> dict[str, object]:
+    return execute_tool(name="run_command", workspace=workspace, arguments={"command": command},
+                        timeout_seconds=timeout).to_dict()
+
+
+def test_attack_read_etc_shadow_is_refused() -> None:
+    workspace = workspace_for("atk-shadow")
+    result = run(workspace, "cat /etc/shadow; ls /etc")
+    assert "root:" not in str(result["output"]) and "No such file" in str(result["output"])
+    for path in ("/etc/shadow", "../../../../etc/shadow", "/workspace/../etc/shadow"):
+        denied = execute_tool(name="read_file", workspace=workspace, arguments={"path": path})
+        assert denied.error_code == "denied", path
+    run(workspace, "ln -s /etc/shadow shadow-link")  # a symlink planted to trick the host-side reader
+    via_link = execute_tool(name="read_file", workspace=workspace, arguments={"path": "shadow-link"})
+    assert via_link.error_code == "denied" and "root:" not in via_link.output
+
+
+def test_attack_host_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTOPS_TEST_SECRET", "hunter2-secret")
+    workspace = workspace_for("atk-env")
+    result = run(workspace, "env; cat /proc/1/environ; cat /proc/*/environ; ps -ef 2>/dev/null; ls /proc")
+    assert result["status"] == "completed"
+    assert "hunter2-secret" not in str(result["output"])
+    assert "DATABASE_URL" not in str(result["output"]) and "DJANGO" not in str(result["output"])
+
+
+def test_attack_other_sessions_workspace_is_invisible() -> None:
+    victim, attacker = workspace_for("atk-victim"), workspace_for("atk-attacker")
+    run(victim, "echo top-secret-value > secret.txt")
+    before = workspace_manifest(victim)
+    result = run(attacker, f"cat ../atk-victim/secret.txt; cat {victim}/secret.txt; "
+                           "find / -name secret.txt 2>/dev/null; rm -rf ../atk-victim; ls -a /workspace/..")
+    assert "top-secret-value" not in str(result["output"])
+    for path in ("../atk-victim/secret.txt", f"{victim}/secret.txt"):
+        assert execute_tool(name="read_file", workspace=attacker, arguments={"path": path}).error_code == "denied"
+    os.symlink(str(victim), attacker / "victim-link")  # as `ln -s` inside would, with the host path
+    assert execute_tool(name="read_file", workspace=attacker,
+                        arguments={"path": "victim-link/secret.txt"}).error_code == "denied"
+    assert execute_tool(name="write_file", workspace=attacker,
+                        arguments={"path": "victim-link/secret.txt", "content": "x"}).error_code == "denied"
+    assert workspace_manifest(victim) == before
+
+
+def test_attack_writing_outside_the_workspace_is_refused(tmp_path: Path) -> None:
+    workspace = workspace_for("atk-write")
+    outside = Path("/tmp") / f"agentops-pwned-{os.getpid()}"
+    for path in ("../pwned", "../../../../tmp/pwned", "/etc/pwned", str(outside), "/workspace/../pwned"):
+        result = execute_tool(name="write_file", workspace=workspace, arguments={"path": path, "content": "x"})
+        assert result.error_code == "denied", path
+    run(workspace, "ln -s /tmp tmp-link; ln -s .. up-link")
+    for path in ("tmp-link/" + outside.name, "up-link/pwned"):
+        result = execute_tool(name="write_file", workspace=workspace, arguments={"path": path, "content": "x"})
+        assert result.error_code == "denied", path
+    inside = run(workspace, "echo x > /usr/pwned; echo x > /etc/passwd; echo x > /pwned; echo x > /tmp/t; "
+                            f"echo x > {outside}; echo done")
+    assert "Read-only file system" in str(inside["output"])
+    assert not outside.exists() and not Path("/usr/pwned").exists() and not Path("/pwned").exists()
+    assert not (workspace.parent / "pwned").exists()
+
+
+@pytest.mark.parametrize("port", [6379, 5432])
+def test_attack_connecting_to_local_services_fails(port: int) -> None:
+    workspace = workspace_for(f"atk-net-{port}")
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('CONNECTED')\nexcept OSError as e:\n    print('REFUSED', e)\n")
+    result = run(workspace, f"python3 -c {shlex.quote(code)}")
+    assert "REFUSED" in str(result["output"]) and "CONNECTED" not in str(result["output"])
+
+
+def test_attack_fork_bomb_is_contained() -> None:
+    workspace = workspace_for("atk-fork")
+    before = sandbox_uid_pids()
+    started = time.monotonic()
+    result = run(workspace, "bomb() { bomb | bomb & }; bomb; sleep 10", timeout=3)
+    assert result["error_code"] in ("limit_exceeded", "timeout")
+    assert "processes" in result["data"]["limits_hit"]  # type: ignore[index]
+    assert time.monotonic() - started < 8
+    time.sleep(0.2)
+    assert sandbox_uid_pids() - before == set()  # nothing survived
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+
+
+def test_attack_2gb_allocation_is_refused() -> None:
+    workspace = workspace_for("atk-mem")
+    result = run(workspace, "python3 -c 'b = bytearray(2 * 1024 ** 3); b[-1] = 1; print(len(b))'")
+    assert result["error_code"] == "limit_exceeded" and "memory" in result["data"]["limits_hit"]  # type: ignore[index]
+    assert "MemoryError" in str(result["output"])
+
+
+def test_attack_infinite_loop_times_out() -> None:
+    workspace = workspace_for("atk-loop")
+    started = time.monotonic()
+    result = run(workspace, "sleep 1000 & while :; do :; done", timeout=2)
+    assert result["error_code"] in ("timeout", "limit_exceeded")
+    assert time.monotonic() - started < 5
+    time.sleep(0.2)
+    assert not [pid for pid in sandbox_uid_pids() if "sleep" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+
+def test_attack_100mb_of_stdout_is_capped_and_killed() -> None:
+    workspace = workspace_for("atk-stdout")
+    started = time.monotonic()
+    result = run(workspace, "head -c 100000000 /dev/zero | tr '\\0' x", timeout=20)
+    assert result["error_code"] == "limit_exceeded" and "output" in result["data"]["limits_hit"]  # type: ignore[index]
+    assert len(str(result["output"])) < 200_000
+    assert result["data"]["stdout_truncated_bytes"] > 0  # type: ignore[index]
+    assert time.monotonic() - started < 10
+
+
+def test_attack_10mb_argument_is_refused() -> None:
+    workspace = workspace_for("atk-arg")
+    huge = "x" * (10 * 1024 * 1024)
+    for name, arguments in (("run_command", {"command": "echo " + huge}),
+                            ("write_file", {"path": "big.txt", "content": huge}),
+                            ("run_command", json.dumps({"command": "echo " + huge}))):
+        result = execute_tool(name=name, workspace=workspace, arguments=arguments)
+        assert result.error_code == "invalid_arguments"
+        assert len(result.output) < 2000
+    assert not (workspace / "big.txt").exists()
+    # Below the tool's schema cap, the kernel's own single-argument limit is not reached either.
+    near_cap = run_sandboxed(workspace=workspace, command="echo " + "y" * 60000 + " | wc -c",
+                             policy=SandboxPolicy(timeout_seconds=5))
+    assert near_cap.stdout.strip() == "60001"
+
+
+@pytest.mark.parametrize("arguments", ['{"command": ', "not json", "[1, 2]", '"a string"', "42",
+                                       '{"command": 5}', '{"command": "ls", "sudo": true}', "{}"])
+def test_attack_invalid_json_arguments_are_refused(arguments: str) -> None:
+    result = execute_tool(name="run_command", workspace=workspace_for("atk-json"), arguments=arguments)
+    assert result.status == "failed" and result.error_code == "invalid_arguments"
+
+
+@pytest.mark.parametrize("name", ["rm_rf", "", "../run_command", "RUN_COMMAND", "x" * 10000])
+def test_attack_unknown_tools_are_refused(name: str) -> None:
+    result = execute_tool(name=name, workspace=workspace_for("atk-unknown"), arguments={"command": "id"})
+    assert result.status == "failed" and result.error_code == "unknown_tool" and len(result.output) < 1000

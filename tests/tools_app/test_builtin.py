@@ -1,0 +1,155 @@
+import hashlib
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
+from tools_app.sandbox import sandbox_ids, workspace_for
+
+
+@pytest.fixture
+def workspace() -> Path:
+    return workspace_for("builtin-session")
+
+
+def test_every_builtin_has_a_valid_schema_and_defaults() -> None:
+    assert set(BUILTIN_TOOLS) == {"list_files", "read_file", "write_file", "run_command", "publish_artifact",
+                                  "send_email", "http_request"}
+    for tool in BUILTIN_TOOLS.values():
+        assert tool.parameters_schema["type"] == "object"
+        assert tool.approval_mode in ("safe_readonly", "confirm_once", "mutating")
+        assert tool.network in ("none", "host") and tool.timeout_seconds > 0
+    assert not BUILTIN_TOOLS["list_files"].needs_sandbox and not BUILTIN_TOOLS["read_file"].needs_sandbox
+    assert BUILTIN_TOOLS["run_command"].needs_sandbox and BUILTIN_TOOLS["run_command"].approval_mode == "mutating"
+
+
+def test_validate_arguments_lists_every_error() -> None:
+    schema = BUILTIN_TOOLS["write_file"].parameters_schema
+    assert validate_arguments("write_file", schema, {"path": "a", "content": "b"}) == []
+    errors = validate_arguments("write_file", schema, {"path": 3, "extra": 1})
+    assert len(errors) == 3 and any("content" in error for error in errors)
+
+
+def test_write_file_creates_returns_the_diff_and_leaves_it_editable_by_the_sandbox(workspace: Path) -> None:
+    result = execute_tool(name="write_file", workspace=workspace, arguments={"path": "src/a.py", "content": "x = 1\n"})
+    assert result.status == "completed" and result.files_changed["created"] == ["src/a.py"]
+    assert "+++ b/src/a.py" in result.output and "+x = 1" in result.output
+    assert (workspace / "src" / "a.py").stat().st_uid == sandbox_ids()[0]
+    assert (workspace / "src").stat().st_uid == sandbox_ids()[0]
+    preview = write_file_preview(workspace, {"path": "src/a.py", "content": "x = 2\n"})
+    assert "-x = 1" in preview and "+x = 2" in preview
+    assert (workspace / "src" / "a.py").read_text() == "x = 1\n"  # the preview wrote nothing
+    result = execute_tool(name="write_file", workspace=workspace, arguments={"path": "src/a.py", "content": "x = 2\n"})
+    assert result.files_changed["modified"] == ["src/a.py"] and result.output == preview
+    assert write_file_preview(workspace, {"path": "../a", "content": ""}).startswith("(cannot preview: denied")
+
+
+def test_read_file_caps_the_size_and_refuses_special_files(workspace: Path) -> None:
+    (workspace / "big.txt").write_text("a" * 5000)
+    result = execute_tool(name="read_file", workspace=workspace, arguments={"path": "big.txt", "max_bytes": 100})
+    assert result.output.startswith("a" * 100) and result.data["truncated"] and result.data["size"] == 5000
+    os.mkfifo(workspace / "fifo")
+    assert execute_tool(name="read_file", workspace=workspace, arguments={"path": "fifo"}).error_code == \
+        "invalid_arguments"
+    missing = execute_tool(name="read_file", workspace=workspace, arguments={"path": "nope.txt"})
+    assert missing.error_code == "invalid_arguments"
+    os.symlink("big.txt", workspace / "inside-link")  # a symlink that stays inside is fine
+    assert execute_tool(name="read_file", workspace=workspace,
+                        arguments={"path": "/workspace/inside-link"}).data["size"] == 5000
+
+
+def test_list_files(workspace: Path) -> None:
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f.txt").write_text("hi")
+    os.symlink("/etc", workspace / "l")
+    flat = execute_tool(name="list_files", workspace=workspace, arguments={})
+    assert flat.output.splitlines() == ["d/", "l -> /etc"]
+    deep = execute_tool(name="list_files", workspace=workspace, arguments={"recursive": True})
+    assert "d/f.txt  (2 bytes)" in deep.output
+    assert execute_tool(name="list_files", workspace=workspace, arguments={"path": "l"}).error_code == "denied"
+
+
+def test_run_command_reports_files_changed_and_publishes_outputs(workspace: Path) -> None:
+    result = execute_tool(name="run_command", workspace=workspace,
+                          arguments={"command": "mkdir -p outputs && printf report > outputs/r.txt && echo done"})
+    assert result.status == "completed" and result.exit_code == 0 and result.output == "done\n"
+    assert result.files_changed == {"created": ["outputs", "outputs/r.txt"], "modified": [], "deleted": []}
+    assert result.published_files == [{"path": "outputs/r.txt", "size": 6,
+                                        "sha256": hashlib.sha256(b"report").hexdigest()}]
+    as_dict = result.to_dict()
+    assert set(as_dict) >= {"status", "output", "exit_code", "duration_ms", "files_changed", "published_files",
+                            "error_code"}
+    publish = execute_tool(name="publish_artifact", workspace=workspace, arguments={"path": "outputs/r.txt"})
+    assert publish.published_files == result.published_files
+
+
+def test_run_command_timeout_is_capped_by_the_tool(workspace: Path) -> None:
+    result = execute_tool(name="run_command", workspace=workspace, timeout_seconds=1,
+                          arguments={"command": "sleep 5", "timeout_seconds": 100})
+    assert result.error_code == "timeout" and result.data["timeout_seconds"] == 1 and result.data["timeout_capped"]
+    assert result.duration_ms < 3000
+
+
+def test_run_command_bad_cwd_is_denied(workspace: Path) -> None:
+    result = execute_tool(name="run_command", workspace=workspace, arguments={"command": "ls", "cwd": "../.."})
+    assert result.error_code == "denied"
+
+
+@pytest.fixture
+def local_http_server() -> Iterator[int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"hello from {self.headers['Host']}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_http_request_refuses_unlisted_and_private_hosts(settings, local_http_server: int) -> None:  # type: ignore[no-untyped-def]
+    workspace = workspace_for("http")
+    url = f"http://localhost:{local_http_server}/"
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS = []
+    assert execute_tool(name="http_request", workspace=workspace, arguments={"url": url},
+                        network="host").error_code == "denied"
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS = ["localhost", "127.0.0.1"]
+    settings.AGENTOPS_HTTP_ALLOW_PRIVATE = False
+    for target in (url, f"http://127.0.0.1:{local_http_server}/", "http://127.0.0.1:6379/"):
+        result = execute_tool(name="http_request", workspace=workspace, arguments={"url": target}, network="host")
+        assert result.error_code == "denied" and "private or loopback" in result.error_message
+    assert execute_tool(name="http_request", workspace=workspace, arguments={"url": url},
+                        network="none").error_code == "denied"
+    settings.AGENTOPS_HTTP_ALLOW_PRIVATE = True
+    result = execute_tool(name="http_request", workspace=workspace, arguments={"url": url}, network="host")
+    assert result.status == "completed" and result.data["status_code"] == 200
+    assert f"hello from localhost:{local_http_server}" in result.output  # the Host header survives pinning
+
+
+@pytest.mark.django_db
+def test_send_email_twice_with_the_same_key_sends_once(workspace: Path) -> None:
+    from tools_app.models import Outbox
+
+    arguments = {"to": "ops@example.com", "subject": "Report", "body": "Done."}
+    first = execute_tool(name="send_email", workspace=workspace, arguments=arguments, idempotency_key="step-1")
+    second = execute_tool(name="send_email", workspace=workspace, arguments=arguments, idempotency_key="step-1")
+    assert first.status == second.status == "completed"
+    assert first.data["outbox_id"] == second.data["outbox_id"] and second.data["duplicate"] is True
+    assert Outbox.objects.count() == 1 and Outbox.objects.get().status == "sent"
+    no_key = execute_tool(name="send_email", workspace=workspace, arguments=arguments)
+    assert no_key.error_code == "invalid_arguments"
+    bad = execute_tool(name="send_email", workspace=workspace, arguments={**arguments, "to": "a@b.c, d@e.f"},
+                       idempotency_key="step-2")
+    assert bad.error_code == "invalid_arguments" and Outbox.objects.count() == 1

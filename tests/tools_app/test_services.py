@@ -1,0 +1,35 @@
+import pytest
+
+from tools_app.builtin import BUILTIN_TOOLS
+from tools_app.models import Outbox, ToolDefinition
+from tools_app.selectors import tool_definition_get, tool_definitions_enabled
+from tools_app.services import outbox_deliver, outbox_send, tool_definitions_seed
+
+
+@pytest.mark.django_db
+def test_tool_definitions_seed_creates_missing_and_keeps_admin_edits() -> None:
+    tool_definitions_seed()
+    assert set(ToolDefinition.objects.values_list("name", flat=True)) == set(BUILTIN_TOOLS)
+    run_command = tool_definition_get("run_command")
+    assert run_command is not None and run_command.approval_mode == "mutating"
+    assert run_command.parameters_schema == BUILTIN_TOOLS["run_command"].parameters_schema
+    run_command.full_clean()  # the seeded schema passes the model's own validator
+    ToolDefinition.objects.filter(name="run_command").update(approval_mode="confirm_once", timeout_seconds=7)
+    ToolDefinition.objects.filter(name="send_email").update(enabled=False)
+    ToolDefinition.objects.filter(name="list_files").delete()
+    tool_definitions_seed()
+    run_command = tool_definition_get("run_command")
+    assert run_command is not None and (run_command.approval_mode, run_command.timeout_seconds) == ("confirm_once", 7)
+    assert tool_definition_get("list_files") is not None
+    assert tool_definition_get("nope") is None
+    assert "send_email" not in {definition.name for definition in tool_definitions_enabled()}
+
+
+@pytest.mark.django_db
+def test_outbox_send_is_idempotent_by_key() -> None:
+    first, created = outbox_send(idempotency_key="k1", to="a@example.com", subject="s", body="b")
+    again, created_again = outbox_send(idempotency_key="k1", to="other@example.com", subject="x", body="y")
+    assert created and not created_again and again.pk == first.pk
+    assert again.to == "a@example.com" and again.status == Outbox.Status.SENT and again.sent_at is not None
+    assert outbox_deliver(outbox_id=first.pk) is False  # a second delivery sends nothing
+    assert Outbox.objects.count() == 1

@@ -1,0 +1,141 @@
+"""Tools with effects beyond the workspace: send_email (through the outbox) and http_request."""
+
+import ipaddress
+import socket
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from django.conf import settings
+
+from .registry import ToolContext, ToolError, ToolResult, cap_text
+
+HTTP_BODY_CAP = 1024 * 1024
+EMAIL_PATTERN = r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$"
+
+SEND_EMAIL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "to": {"type": "string", "maxLength": 320, "pattern": EMAIL_PATTERN},
+        "subject": {"type": "string", "minLength": 1, "maxLength": 500},
+        "body": {"type": "string", "maxLength": 200_000},
+    },
+    "required": ["to", "subject", "body"],
+    "additionalProperties": False,
+}
+
+
+def send_email(ctx: ToolContext) -> ToolResult:
+    from tools_app.services import outbox_send  # services imports the registry to seed definitions
+
+    if not ctx.idempotency_key:
+        raise ToolError("invalid_arguments", "send_email needs an idempotency key: a retry must not send twice")
+    outbox, created = outbox_send(idempotency_key=ctx.idempotency_key, to=ctx.arguments["to"],
+                                  subject=ctx.arguments["subject"], body=ctx.arguments["body"])
+    if created:
+        output = f"Email to {outbox.to} ({outbox.subject!r}) {outbox.status} as outbox #{outbox.pk}."
+    else:
+        output = (f"Email to {outbox.to} ({outbox.subject!r}) was already {outbox.status} as outbox #{outbox.pk} "
+                  "under this idempotency key; nothing was sent again.")
+    return ToolResult(status="completed", output=output,
+                      data={"outbox_id": outbox.pk, "status": outbox.status, "duplicate": not created})
+
+
+HTTP_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "method": {"type": "string", "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"], "default": "GET"},
+        "url": {"type": "string", "minLength": 8, "maxLength": 2048, "pattern": "^https?://"},
+        "headers": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4096},
+                    "maxProperties": 50},
+        "body": {"type": "string", "maxLength": HTTP_BODY_CAP},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+
+def _host_allowed(host: str, allowed: list[str]) -> bool:
+    host = host.lower().rstrip(".")
+    for pattern in allowed:
+        pattern = pattern.lower().strip().rstrip(".")
+        if pattern == "*" or pattern == host:
+            return True
+        if pattern.startswith("*.") and host.endswith(pattern[1:]):
+            return True
+    return False
+
+
+def _address_is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
+                or ip.is_unspecified or not ip.is_global)
+
+
+def _resolve_checked(host: str, port: int) -> str:
+    """Resolve once and return the address to connect to; refuse private targets.
+
+    The request then goes to that address (Host header and TLS name kept), so a DNS answer that
+    changes between the check and the connection (DNS rebinding) cannot redirect it inward.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ToolError("network_error", f"cannot resolve {host!r}: {exc}") from exc
+    addresses = [str(info[4][0]) for info in infos]
+    if not getattr(settings, "AGENTOPS_HTTP_ALLOW_PRIVATE", False):
+        private = [address for address in addresses if not _address_is_public(address)]
+        if private:
+            raise ToolError("denied", f"{host!r} resolves to a private or loopback address ({private[0]}); "
+                                      "set AGENTOPS_HTTP_ALLOW_PRIVATE to allow it")
+    return addresses[0]
+
+
+def http_request(ctx: ToolContext) -> ToolResult:
+    if ctx.network != "host":
+        raise ToolError("denied", "this tool's definition allows no network")
+    url = ctx.arguments["url"]
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not host:
+        raise ToolError("invalid_arguments", f"not an http(s) URL: {url!r}")
+    if parts.username or parts.password:
+        raise ToolError("invalid_arguments", "credentials in the URL are not allowed")
+    allowed = list(getattr(settings, "AGENTOPS_HTTP_ALLOWED_HOSTS", []))
+    if not _host_allowed(host, allowed):
+        raise ToolError("denied", f"host {host!r} is not in AGENTOPS_HTTP_ALLOWED_HOSTS")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    address = _resolve_checked(host, port)
+    literal = f"[{address}]" if ":" in address else address
+    pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
+    headers = dict(ctx.arguments.get("headers", {}))
+    headers = {key: value for key, value in headers.items() if key.lower() != "host"}
+    headers["Host"] = host if parts.port is None else f"{host}:{parts.port}"
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    body = ctx.arguments.get("body")
+    try:
+        with httpx.Client(trust_env=False, follow_redirects=False, timeout=ctx.timeout_seconds) as client:
+            request = client.build_request(ctx.arguments.get("method", "GET"), pinned, headers=headers,
+                                           content=body.encode() if body is not None else None,
+                                           extensions=extensions)
+            response = client.send(request, stream=True)
+            try:
+                received = bytearray()
+                for chunk in response.iter_bytes():
+                    received += chunk
+                    if len(received) > HTTP_BODY_CAP:
+                        break
+            finally:
+                response.close()
+    except httpx.TimeoutException as exc:
+        raise ToolError("timeout", f"the request to {host} timed out after {ctx.timeout_seconds} s") from exc
+    except httpx.HTTPError as exc:
+        raise ToolError("network_error", f"the request to {host} failed: {exc}") from exc
+    truncated = len(received) > HTTP_BODY_CAP
+    text = bytes(received[:HTTP_BODY_CAP]).decode(response.encoding or "utf-8", "replace")
+    output = f"HTTP {response.status_code} {response.reason_phrase}\n\n{cap_text(text)}"
+    return ToolResult(status="completed", output=output,
+                      data={"status_code": response.status_code, "headers": dict(response.headers),
+                            "body_truncated": truncated, "url": url})

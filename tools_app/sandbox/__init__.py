@@ -1,0 +1,22 @@
+"""The sandbox: per-session workspaces, bubblewrap-isolated commands, and effect evidence."""
+
+from .bubblewrap import run_sandboxed, sandbox_status
+from .manifest import manifest_diff, workspace_changed_since, workspace_manifest
+from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
+from .workspace import PathDenied, open_beneath, sandbox_ids, workspace_for, workspace_relpath
+
+__all__ = [
+    "CommandResult",
+    "PathDenied",
+    "SandboxPolicy",
+    "SandboxUnavailable",
+    "manifest_diff",
+    "open_beneath",
+    "run_sandboxed",
+    "sandbox_ids",
+    "sandbox_status",
+    "workspace_changed_since",
+    "workspace_for",
+    "workspace_manifest",
+    "workspace_relpath",
+]
