@@ -9,7 +9,9 @@ runs exactly once.
 import hashlib
 import logging
 import mimetypes
+import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -176,11 +178,23 @@ def run_tool_step(step_id: uuid.UUID | str) -> Step | None:
                           network=tool.network if tool else "none",
                           idempotency_key=step.idempotency_key or str(step.id),
                           should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest)
+    _failpoint_after_tool(step.tool_name)
     payload = result.to_dict()
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
                                     f"{approval.arguments}; what ran was {approval.edited_arguments}.")
     return record_tool_result(step=step, result=payload, workspace=workspace)
+
+
+def _failpoint_after_tool(tool_name: str) -> None:
+    """Fault injection for the recovery tests: ``AGENTOPS_FAILPOINT_AFTER_TOOL=send_email:30`` holds
+    the worker for 30 s after the tool's effect and before its result is recorded, the window in
+    which a crash leaves the outcome unknown. Unset in production."""
+    spec = os.environ.get("AGENTOPS_FAILPOINT_AFTER_TOOL", "")
+    name, _, seconds = spec.partition(":")
+    if name and name == tool_name:
+        log.warning("failpoint: holding %s for %ss after its effect", tool_name, seconds)
+        time.sleep(float(seconds or 30))
 
 
 def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:

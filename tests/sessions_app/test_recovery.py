@@ -1,0 +1,175 @@
+"""Worker loss: a real worker process is SIGKILLed mid-step, another one (with beat running the
+sweeper) takes over. Exactly one email; a command that changed the workspace is not repeated."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connection
+
+from approvals_app.models import ApprovalRequest
+from approvals_app.services import approval_decide
+from sessions_app.engine.services import session_start
+from sessions_app.models import AgentProfile, Event, Step, Turn
+from tests import factories
+from tools_app.models import Outbox, ToolDefinition
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+WorkerFactory = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFactory]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(*, failpoint: str = "", beat: bool = False) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL,
+               "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
+               "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
+               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_SWEEP_SECONDS": "0.5",
+               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint}
+        env.pop("DATABASE_TEST_NAME", None)
+        args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
+                "--pool", "threads", "-c", "4", "-l", "warning", "-n", f"w{len(procs)}@%h"]
+        if beat:
+            args += ["-B", "--schedule", str(tmp_path / f"beat-{len(procs)}")]
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _setup(scripted_model_url: str) -> tuple[AgentProfile, User, User]:
+    from tools_app.services import tool_definitions_seed
+
+    tool_definitions_seed()
+    agent = factories.agent_profile(base_url=scripted_model_url)
+    agent.tools.set(ToolDefinition.objects.all())
+    return (agent, factories.user("op", groups=["operators"]), factories.user("rev", groups=["reviewers"]))
+
+
+def _approve_first(turn: Turn, reviewer: User, kind: str = "tool", decision: str = "approve") -> ApprovalRequest:
+    approval = wait_for(lambda: ApprovalRequest.objects.filter(turn=turn, kind=kind, status="pending").first(),
+                        60, f"a pending {kind} request")
+    approval_decide(request_id=approval.request_id, actor=reviewer, decision=decision,
+                    seen_hash=approval.arguments_sha256)
+    return approval
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _finished(turn: Turn, timeout: float = 60) -> Turn:
+    return wait_for(lambda: (lambda t: t if not t.is_active else None)(Turn.objects.get(pk=turn.pk)), timeout,
+                    "the turn to finish")
+
+
+def _gap_free(turn: Turn) -> None:
+    seqs = list(Event.objects.filter(session_id=turn.session_id).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_recovery_worker_killed_during_send_email_sends_exactly_one(
+        worker_process: WorkerFactory, scripted_model_url: str) -> None:
+    agent, operator, reviewer = _setup(scripted_model_url)
+    ToolDefinition.objects.filter(name="send_email").update(timeout_seconds=2)
+    first = worker_process(failpoint="send_email:60")
+    email = {"to": "cfo@example.com", "subject": "Refund", "body": "Your refund is on its way."}
+    _session, turn = session_start(agent=agent, owner=operator,
+                                   input=f"tool send_email {json.dumps(email)}\nsay sent: {{results}}")
+    assert turn is not None
+    approval = _approve_first(turn, reviewer)
+    # The email went out; the worker is held before recording the step's result. Kill it there.
+    wait_for(lambda: Outbox.objects.filter(to="cfo@example.com", status="sent").exists(), 60, "the email")
+    assert Step.objects.get(pk=approval.step_id).status == "running"
+    _kill(first)
+    worker_process(beat=True)
+    turn = _finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert Outbox.objects.filter(to="cfo@example.com").count() == 1
+    step = Step.objects.get(pk=approval.step_id)
+    assert step.status == "completed" and step.attempts == 2
+    assert Event.objects.filter(step_id=step.id, type="step.recovered", payload__outcome="retry").exists()
+    _gap_free(turn)
+
+
+def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_doubt(
+        worker_process: WorkerFactory, scripted_model_url: str) -> None:
+    agent, operator, reviewer = _setup(scripted_model_url)
+    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
+    first = worker_process()
+    command = {"command": "echo ran >> count.txt; sleep 3"}
+    session, turn = session_start(agent=agent, owner=operator,
+                                  input=f"tool run_command {json.dumps(command)}\nsay {{results}}")
+    assert turn is not None
+    approval = _approve_first(turn, reviewer)
+    workspace = Path(settings.AGENTOPS_WORKSPACE_ROOT) / str(session.id)
+    wait_for(lambda: (workspace / "count.txt").exists(), 60, "the command's first effect")
+    _kill(first)
+    worker_process(beat=True)
+    # The workspace changed since the command started: never replayed blindly, a reviewer decides.
+    recovery_request = _approve_first(turn, reviewer, kind="recovery", decision="mark_done")
+    assert Step.objects.get(pk=approval.step_id).status == "completed"
+    turn = _finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert (workspace / "count.txt").read_text() == "ran\n"  # the command ran once
+    assert recovery_request.step_id == approval.step_id
+    assert Event.objects.filter(step_id=approval.step_id, type="tool.in_doubt").exists()
+    _gap_free(turn)
+
+
+def test_recovery_worker_killed_before_command_changed_anything_retries_it(
+        worker_process: WorkerFactory, scripted_model_url: str) -> None:
+    agent, operator, reviewer = _setup(scripted_model_url)
+    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
+    first = worker_process()
+    command = {"command": "sleep 2; echo ran >> count.txt"}
+    session, turn = session_start(agent=agent, owner=operator,
+                                  input=f"tool run_command {json.dumps(command)}\nsay {{results}}")
+    assert turn is not None
+    approval = _approve_first(turn, reviewer)
+    wait_for(lambda: Step.objects.filter(pk=approval.step_id, status="running").exists(), 60, "the command")
+    time.sleep(0.5)
+    _kill(first)
+    worker_process(beat=True)
+    turn = _finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    workspace = Path(settings.AGENTOPS_WORKSPACE_ROOT) / str(session.id)
+    assert (workspace / "count.txt").read_text() == "ran\n"
+    assert not ApprovalRequest.objects.filter(turn=turn, kind="recovery").exists()
+    assert Step.objects.get(pk=approval.step_id).attempts == 2
