@@ -125,9 +125,26 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # agentops
-AGENTOPS_WORKSPACE_ROOT = Path(env.str("AGENTOPS_WORKSPACE_ROOT", default=str(BASE_DIR / "var" / "workspaces")))
+
+
+def _default_workspace_root() -> Path:
+    """var/workspaces when the sandbox uid can reach it, else a directory under /var/tmp.
+
+    The sandbox runs commands as an unprivileged uid, which needs o+x on every directory above
+    its workspace; a checkout under a private home directory (0700) does not allow that.
+    """
+    preferred = BASE_DIR / "var" / "workspaces"
+    if all(os.stat(p).st_mode & 0o001 for p in [*preferred.parents][: len(preferred.parents) - 1]
+           if p.exists() and p != preferred):
+        return preferred
+    return Path("/var/tmp") / f"agentops-{os.getuid()}" / "workspaces"
+
+
+AGENTOPS_WORKSPACE_ROOT = Path(env.str("AGENTOPS_WORKSPACE_ROOT", default=str(_default_workspace_root())))
 AGENTOPS_ARTIFACT_ROOT = Path(env.str("AGENTOPS_ARTIFACT_ROOT", default=str(BASE_DIR / "var" / "artifacts")))
 AGENTOPS_SANDBOX_ALLOW_UNSAFE = env.bool("AGENTOPS_SANDBOX_ALLOW_UNSAFE", default=False)
+AGENTOPS_SANDBOX_UID = env.int("AGENTOPS_SANDBOX_UID", default=65534)
+AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_UID)
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
