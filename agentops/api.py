@@ -36,6 +36,10 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    # ninja wraps a body its JSON parser refused as HttpError(400, "Cannot parse request body").
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+        return _error(request, 400, "malformed_json", "The request body is not valid JSON.",
+                      {"error": str(exc.__cause__)})
     return _error(request, exc.status_code, getattr(exc, "code", "error"), str(exc.message))
 
 

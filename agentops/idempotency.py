@@ -39,8 +39,11 @@ class IdempotencyMiddleware:
             except IntegrityError:
                 return self._replay(scope, key, digest)
             response = self.get_response(request)
-            if response.status_code >= 500:
-                transaction.set_rollback(True)  # a server error may be retried with the same key
+            # A server error may be retried with the same key; so may a request refused before it ran
+            # (401, 403: no credentials, a missing CSRF token or permission): replaying the refusal
+            # would make the key useless once the caller fixes that.
+            if response.status_code >= 500 or response.status_code in (401, 403):
+                transaction.set_rollback(True)
                 return response
             record.status_code = response.status_code
             record.content_type = response.get("Content-Type", "application/json")

@@ -8,6 +8,7 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -15,7 +16,7 @@ from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDeni
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from approvals_app.signals import approval_decided
 from sessions_app.models import Step
-from sessions_app.services import canonical_json, event_record, step_transition
+from sessions_app.services import canonical_json, event_record, session_lock, step_transition
 from tools_app.models import ToolDefinition
 
 DECIDE_PERMISSION = "approvals_app.decide_approvalrequest"
@@ -57,6 +58,7 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
 
     Moves a tool step to ``awaiting_approval`` (a recovery request leaves it ``in_doubt``).
     """
+    session_lock(Step.objects.values_list("session_id", flat=True).get(pk=step_id))
     step = Step.objects.select_for_update().get(pk=step_id)
     existing = ApprovalRequest.objects.filter(step=step, kind=kind, status=ApprovalRequest.Status.PENDING).first()
     if existing is not None:
@@ -110,9 +112,10 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
     Wakes the engine (``approval_decided``) after commit.
     """
     try:
+        session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
         approval = ApprovalRequest.objects.select_for_update().select_related("session").get(
             request_id=request_id)
-    except (ApprovalRequest.DoesNotExist, ValueError) as exc:
+    except (ApprovalRequest.DoesNotExist, ValueError, ValidationError) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
     _check_actor(approval, actor)
     allowed = TOOL_DECISIONS if approval.kind == ApprovalRequest.Kind.TOOL else RECOVERY_DECISIONS
@@ -216,6 +219,7 @@ def approval_expire_due(*, now: Any = None) -> int:
     count = 0
     for pk in ApprovalRequest.objects.filter(status="pending", expires_at__lte=now).values_list("pk", flat=True):
         with transaction.atomic():
+            session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(pk=pk))
             approval = ApprovalRequest.objects.select_for_update().get(pk=pk)
             if approval.status == ApprovalRequest.Status.PENDING:
                 _expire(approval)
@@ -229,6 +233,7 @@ def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
 
     Raises Conflict when it was consumed already: the caller must not run the tool again.
     """
+    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
     approval = ApprovalRequest.objects.select_for_update().get(request_id=request_id)
     if approval.status != ApprovalRequest.Status.APPROVED:
         raise Conflict(f"Approval {request_id} is {approval.status}, not approved", code="not_approved")
@@ -246,6 +251,7 @@ def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
 @transaction.atomic
 def approval_transition(*, request_id: uuid.UUID | str, to: str) -> ApprovalRequest:
     """Generic guarded move (used for cancel); decisions go through ``approval_decide``."""
+    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
     approval = ApprovalRequest.objects.select_for_update().get(request_id=request_id)
     if approval.status == to:
         return approval

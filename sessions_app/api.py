@@ -91,6 +91,8 @@ def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> tuple[i
 def sessions_list_api(request: HttpRequest, status: str | None = None, agent: str | None = None,
                       q: str | None = None, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
     _require(request, VIEW)
+    if status and status not in AgentSession.Status.values:
+        raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": AgentSession.Status.values})
     limit = max(1, min(limit, 200))
     qs = selectors.sessions_list(status=status, agent=agent, q=q)
     if cursor:
@@ -239,6 +241,7 @@ def artifact_content_api(request: HttpRequest, artifact_id: str) -> FileResponse
 
 @router.get("/agents", response={200: list[AgentOut], **ERRORS})
 def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
+    _require(request, VIEW)
     return [{"slug": a.slug, "name": a.name, "model": a.model, "tools": [t.name for t in a.tools.all()],
              "budget": {"max_tool_calls": a.max_tool_calls, "max_model_calls": a.max_model_calls,
                         "max_tokens": a.max_tokens, "max_wall_seconds": a.max_wall_seconds}}
@@ -249,6 +252,7 @@ def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
 def tools_list_api(request: HttpRequest) -> Any:
     from tools_app.selectors import tool_definitions_enabled
 
+    _require(request, "tools_app.view_tooldefinition")
     return list(tool_definitions_enabled())
 
 

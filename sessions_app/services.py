@@ -55,6 +55,16 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
     return event
 
 
+def session_lock(session_id: uuid.UUID | str) -> None:
+    """Lock the session row. Call first in every write transaction of a session.
+
+    One lock order for everything (session → turn → step → approval) rules out deadlocks:
+    event_record locks the session row anyway, so a transaction that locked a step first and
+    then records an event would wait on a tick that holds the session and wants that step.
+    """
+    list(AgentSession.objects.select_for_update().filter(pk=uuid.UUID(str(session_id))).values_list("pk", flat=True))
+
+
 def _db_uuid(value: uuid.UUID | str) -> str:
     # SQLite stores UUIDs as 32 hex chars, PostgreSQL as uuid; hex works for both.
     return uuid.UUID(str(value)).hex
@@ -65,6 +75,8 @@ def _db_uuid(value: uuid.UUID | str) -> str:
 def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | None = None) -> tuple[M, bool]:
     """Lock, check and move one row. Returns (row, changed). Call inside atomic()."""
     try:
+        if model is not AgentSession:
+            session_lock(model.objects.values_list("session_id", flat=True).get(pk=pk))  # type: ignore[misc]
         obj = model.objects.select_for_update().get(pk=pk)
     except model.DoesNotExist as exc:
         raise NotFound(f"No {model.__name__} {pk}") from exc

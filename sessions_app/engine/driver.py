@@ -17,7 +17,7 @@ from django.utils import timezone
 from sessions_app.engine import llm, tools
 from sessions_app.engine.state import step_claim, turn_fail, turn_move
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import event_record, step_transition
+from sessions_app.services import event_record, session_lock, step_transition
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,11 @@ def decide(turn_id: uuid.UUID | str) -> Next:
 
     One short transaction holding the turn lock: the decision and its claim are atomic.
     """
+    session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
+    if session_id is None:
+        return Next("done")
     with transaction.atomic():
+        session_lock(session_id)
         turn = Turn.objects.select_for_update().filter(pk=turn_id).first()
         if turn is None or not turn.is_active:
             return Next("done")

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F
 
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import event_record, step_transition
+from sessions_app.services import event_record, session_lock, step_transition
 from tools_app.models import ToolDefinition
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,7 @@ def call_model(step: Step) -> ModelReply:
 @transaction.atomic
 def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
     """Store the assistant message, usage and the planned tool steps in one transaction."""
+    session_lock(step.session_id)
     message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
     if reply.tool_calls:
         message["tool_calls"] = [{"id": c["id"] or f"call_{uuid.uuid4().hex[:12]}", "type": "function",

@@ -18,7 +18,7 @@ from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_expire_due, approval_request_create
 from sessions_app.engine.state import turn_fail
 from sessions_app.models import Step, Turn
-from sessions_app.services import event_record, step_transition
+from sessions_app.services import event_record, session_lock, step_transition
 from tools_app.models import ToolDefinition
 from tools_app.sandbox import workspace_changed_since
 
@@ -50,7 +50,11 @@ def recover_step(step_id: uuid.UUID | str) -> bool:
     """Decide what to do with one step whose lease expired. Returns True when it changed."""
     from sessions_app.tasks import turn_advance_task
 
+    session_id = Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first()
+    if session_id is None:
+        return False
     with transaction.atomic():
+        session_lock(session_id)
         step = Step.objects.select_for_update().filter(pk=step_id).first()
         if step is None or step.status != Step.Status.RUNNING or step.lease_expires_at is None \
                 or step.lease_expires_at >= timezone.now():

@@ -9,7 +9,7 @@ from django.db import transaction
 from agentops.domain import Conflict, InvalidArguments, NotFound
 from sessions_app.engine.state import turn_move
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import event_record, session_create, step_transition, turn_create
+from sessions_app.services import event_record, session_create, session_lock, step_transition, turn_create
 
 
 def _kick(turn_id: uuid.UUID) -> None:
@@ -69,6 +69,7 @@ def session_cancel(*, session_id: uuid.UUID | str, actor: User | None = None) ->
 @transaction.atomic
 def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any, success: bool = True) -> Step:
     """The integration's result for a client tool call; the turn resumes when none is left."""
+    session_lock(session_id)
     steps = Step.objects.select_for_update().filter(session_id=uuid.UUID(str(session_id)), call_id=call_id,
                                                     kind=Step.Kind.TOOL)
     step = steps.order_by("-created_at").first()

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import event_record, session_transition, turn_transition
+from sessions_app.services import event_record, session_lock, session_transition, turn_transition
 
 TURN_TO_SESSION = {
     Turn.Status.QUEUED: AgentSession.Status.IN_PROGRESS,
@@ -42,6 +42,7 @@ def turn_move(turn_id: uuid.UUID | str, to: str, **fields: Any) -> Turn:
 @transaction.atomic
 def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: bool = False) -> Turn | None:
     """Fail an active turn (no-op on a finished one) and settle its open steps."""
+    session_lock(Turn.objects.values_list("session_id", flat=True).get(pk=turn_id))
     turn = Turn.objects.select_for_update().get(pk=turn_id)
     if not turn.is_active:
         return None
@@ -85,6 +86,10 @@ def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: flo
 
     A redelivered or duplicated task finds the step no longer in ``from_status`` and gets None.
     """
+    session_id = Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first()
+    if session_id is None:
+        return None
+    session_lock(session_id)
     now = timezone.now()
     claimed = Step.objects.filter(pk=step_id, status=from_status).update(
         status=Step.Status.RUNNING, lease_owner=worker_id(), lease_expires_at=now + timedelta(seconds=lease_seconds),

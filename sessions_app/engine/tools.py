@@ -25,7 +25,7 @@ from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_consume, approval_request_create, grant_is_live
 from sessions_app.engine.state import lease_seconds_for, step_claim, step_is_cancelled
 from sessions_app.models import AgentSession, Step
-from sessions_app.services import artifact_record, step_transition
+from sessions_app.services import artifact_record, session_lock, step_transition
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
@@ -207,6 +207,7 @@ def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | 
                 artifacts.append(stored)
     try:
         with transaction.atomic():
+            session_lock(step.session_id)
             moved = step_transition(
                 step_id=step.id, to=Step.Status.COMPLETED if ok else Step.Status.FAILED,
                 event_type="tool.completed" if ok else "tool.failed",

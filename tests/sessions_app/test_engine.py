@@ -3,7 +3,7 @@ the scripted model over HTTP through the openai SDK."""
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -61,6 +61,13 @@ def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[A
     session, turn = session_start(agent=agent, owner=owner, input=text, **kwargs)
     assert turn is not None
     return session, turn
+
+
+@pytest.fixture(autouse=True)
+def _every_timeline_gap_free(transactional_db: None) -> Iterator[None]:
+    yield
+    for session in AgentSession.objects.all():
+        assert_gap_free(session)
 
 
 @pytest.fixture
@@ -168,7 +175,9 @@ def test_engine_parallel_calls_decided_out_of_order(engine_agent: AgentProfile, 
     first, second = pending_approvals(turn, 2)
     assert decide(people[1], second, decision="approve").status_code == 200
     wait_for(lambda: Step.objects.get(pk=second.step_id).status == "completed", what="second to run")
-    assert Turn.objects.get(pk=turn.pk).status == "awaiting_approval"
+    # The turn goes back to waiting for the first decision; nothing runs it meanwhile.
+    wait_for(lambda: Turn.objects.get(pk=turn.pk).status == "awaiting_approval", what="turn to wait again")
+    assert Step.objects.get(pk=first.step_id).status == "awaiting_approval"
     assert decide(people[1], first, decision="reject", reason="only the second").status_code == 200
     turn = finished(turn)
     assert turn.status == "completed"

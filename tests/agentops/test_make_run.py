@@ -1,0 +1,61 @@
+"""`make run`'s launcher: everything starts, one URL is printed, SIGTERM stops every child."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from agentops.embedded_redis import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "DATABASE_TEST_NAME")}
+    env.update(PORT=str(port), DATABASE_URL=f"sqlite:///{tmp_path / 'run.sqlite3'}",
+               AGENTOPS_WORKSPACE_ROOT="/tmp/agentops-launcher-test-ws", WORKER_CONCURRENCY="2")
+    proc = subprocess.Popen([sys.executable, "-m", "agentops.run"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            output.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(output)
+        assert f"agentops is running at http://127.0.0.1:{port}/" in text, text[-3000:]
+        assert "embedded Redis" in text and "LOCAL USE ONLY" in text
+        children = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "daphne" in names and "celery" in names and "scripted_model" in names and "redis-server" in names
+        health = None
+        for _ in range(60):
+            health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            if health.status_code == 200:
+                break
+            time.sleep(0.5)
+        assert health is not None and health.status_code == 200, health.text if health else None
+        assert httpx.get(f"http://127.0.0.1:{port}/api/agents", timeout=5).status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    time.sleep(0.5)
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [c.cmdline() for c in alive]
+    assert proc.returncode == 0
