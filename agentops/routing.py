@@ -1,3 +1,6 @@
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from approvals_app.routing import websocket_urlpatterns as approval_routes
+from sessions_app.routing import websocket_urlpatterns as session_routes
+
+websocket_urlpatterns: list[Any] = [*session_routes, *approval_routes]

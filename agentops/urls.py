@@ -1,11 +1,30 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from agentops import health
 from agentops.api import api
+from approvals_app import views as approval_views
+from sessions_app import views as session_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", health.healthz_view, name="healthz"),
     path("api/", api.urls),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", session_views.overview_view, name="overview"),
+    path("health-panel/", session_views.health_panel_view, name="health_panel"),
+    path("sessions/", session_views.session_list_view, name="session_list"),
+    path("sessions/new/", session_views.session_create_view, name="session_create"),
+    path("sessions/<uuid:session_id>/", session_views.session_detail_view, name="session_detail"),
+    path("sessions/<uuid:session_id>/timeline/", session_views.session_timeline_view, name="session_timeline"),
+    path("sessions/<uuid:session_id>/sidebar/", session_views.session_sidebar_view, name="session_sidebar"),
+    path("sessions/<uuid:session_id>/turns/", session_views.turn_submit_view, name="turn_submit"),
+    path("sessions/<uuid:session_id>/cancel/", session_views.session_cancel_view, name="session_cancel"),
+    path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
+         name="artifact_download"),
+    path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
+    path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
+    path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),
 ]

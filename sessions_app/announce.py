@@ -1,11 +1,18 @@
-"""Announce stored events on the channel layer, after commit, without ever failing the write.
+"""Announce stored events on the channel layer, after commit, without ever slowing or failing
+the write.
 
-``async_to_sync(group_send)`` builds an event loop and a Redis connection per call (≈ 4 ms);
-one persistent loop in a daemon thread keeps the connection pool warm (≈ 1 ms per send).
+``event_record`` hands each committed event to ``announce_later``; one daemon thread per process
+renders the dashboard fragments (in bulk when events queue up) and sends them, in commit order,
+through one persistent event loop: ``async_to_sync(group_send)`` would build a loop and a Redis
+connection per call (≈ 4 ms), and rendering in the writer's thread put template work on every
+engine step. The channel layer is at-most-once anyway: clients re-read any gap in ``seq`` from
+the database, so an announcement lost to a full queue, a dead Redis or an exiting process costs
+nothing but a re-read.
 """
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,30 +22,32 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 ANNOUNCE_TIMEOUT_SECONDS = 2.0
+QUEUE_LIMIT = 10_000
+BATCH_LIMIT = 200
+APPROVALS_GROUP = "approvals"
+
+# Renders the HTML fragments of events for the dashboard, set by SessionsAppConfig.ready();
+# None renders nothing (the payload alone is announced).
+fragments_renderer: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
 _loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-# Renders the HTML fragment of an event for the dashboard; set by the dashboard (views layer)
-# so this module does not import templates it does not own. Rendered once, by the sender.
-fragment_renderer: Callable[[dict[str, Any]], str] | None = None
-
-
-def _get_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="event-announcer", daemon=True).start()
-            _loop = loop
-        return _loop
+_pending: "queue.Queue[dict[str, Any]]" = queue.Queue(maxsize=QUEUE_LIMIT)
+_worker: threading.Thread | None = None
+_lock = threading.Lock()
 
 
 def session_group(session_id: object) -> str:
     return f"session.{session_id}"
 
 
-APPROVALS_GROUP = "approvals"
+def _get_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="event-announcer-loop", daemon=True).start()
+            _loop = loop
+        return _loop
 
 
 async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
@@ -49,27 +58,80 @@ async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
         await layer.group_send(group, message)
 
 
-def announce_event(event: dict[str, Any]) -> bool:
-    """Send one stored event to its session group (and approvals group). Never raises.
+def _render(events: list[dict[str, Any]]) -> list[str]:
+    if fragments_renderer is None:
+        return [""] * len(events)
+    try:
+        return fragments_renderer(events)
+    except Exception:
+        log.exception("rendering the fragments of %d events failed", len(events))
+        return [""] * len(events)
 
-    Returns False when the announcement failed; the event is stored regardless and clients
-    recover it from the database by ``seq``.
-    """
-    html = ""
-    if fragment_renderer is not None:
-        try:
-            html = fragment_renderer(event)
-        except Exception:
-            log.exception("rendering the fragment of event %s failed", event.get("seq"))
-    message = {"type": "event.message", "event": event, "html": html}
-    messages = [(session_group(event["session_id"]), message)]
-    if str(event["type"]).startswith("approval."):
-        messages.append((APPROVALS_GROUP, message))
-    future = asyncio.run_coroutine_threadsafe(_send_all(messages), _get_loop())
+
+def _messages(events: list[dict[str, Any]], htmls: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    messages = []
+    for event, html in zip(events, htmls, strict=True):
+        message = {"type": "event.message", "event": event, "html": html}
+        messages.append((session_group(event["session_id"]), message))
+        if str(event["type"]).startswith("approval."):
+            messages.append((APPROVALS_GROUP, message))
+    return messages
+
+
+def _send(events: list[dict[str, Any]]) -> bool:
+    future = asyncio.run_coroutine_threadsafe(_send_all(_messages(events, _render(events))), _get_loop())
     try:
         future.result(timeout=ANNOUNCE_TIMEOUT_SECONDS)
         return True
-    except Exception as exc:
-        future.cancel()  # Redis down or slow: the event is stored; say so and go on
-        log.warning("announcing event %s/%s failed: %s", event.get("session_id"), event.get("seq"), exc)
+    except Exception as exc:  # Redis down or slow: the events are stored; clients re-read by seq
+        future.cancel()
+        log.warning("announcing %d events (first %s/%s) failed: %s", len(events), events[0].get("session_id"),
+                    events[0].get("seq"), exc)
         return False
+
+
+def announce_event(event: dict[str, Any]) -> bool:
+    """Render and send one stored event now. Never raises; False when it could not be sent."""
+    return _send([event])
+
+
+def _run() -> None:
+    from django.db import close_old_connections, connection
+
+    while True:
+        try:
+            first = _pending.get(timeout=1.0)
+        except queue.Empty:
+            connection.close()  # idle: do not hold a database connection (nor block a test DB drop)
+            first = _pending.get()
+        batch = [first]
+        while len(batch) < BATCH_LIMIT:
+            try:
+                batch.append(_pending.get_nowait())
+            except queue.Empty:
+                break
+        close_old_connections()
+        _send(batch)
+
+
+def announce_later(event: dict[str, Any]) -> None:
+    """Queue a committed event for the announcer thread (an on_commit callback). Never blocks."""
+    global _worker
+    with _lock:
+        if _worker is None or not _worker.is_alive():
+            _worker = threading.Thread(target=_run, name="event-announcer", daemon=True)
+            _worker.start()
+    try:
+        _pending.put_nowait(event)
+    except queue.Full:
+        log.warning("announcement queue full: event %s/%s left to gap replay", event.get("session_id"),
+                    event.get("seq"))
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Wait until queued announcements are sent (tests, graceful shutdown)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not _pending.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -12,7 +12,7 @@ class SessionsAppConfig(AppConfig):
         # The dashboard renders each event's HTML fragment once, in the process that announces it.
         from sessions_app import announce, fragments
 
-        announce.fragment_renderer = fragments.render_event_fragment
+        announce.fragments_renderer = fragments.render_event_fragments
         # The engine listens to approvals_app's `approval_decided` signal (approvals_app must
         # not import the engine: the dependency flows one way).
         with contextlib.suppress(ImportError):

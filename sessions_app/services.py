@@ -51,7 +51,7 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
             raise NotFound(f"No session {session_id}")
         event = Event.objects.create(session_id=session_id, seq=row[0], type=type, payload=dict(payload or {}),
                                      turn_id=turn_id, step_id=step_id)
-        transaction.on_commit(partial(announce.announce_event, event.as_dict()), robust=True)
+        transaction.on_commit(partial(announce.announce_later, event.as_dict()), robust=True)
     return event
 
 

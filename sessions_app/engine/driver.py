@@ -74,25 +74,24 @@ def decide(turn_id: uuid.UUID | str) -> Next:
         session = AgentSession.objects.select_related("agent").get(pk=turn.session_id)
         if turn.status == Turn.Status.QUEUED:
             turn = turn_move(turn.id, Turn.Status.RUNNING)
-        steps = list(Step.objects.select_for_update().filter(turn=turn).order_by("index"))
-        tool_steps = [s for s in steps if s.kind == Step.Kind.TOOL]
-        last_model = next((s for s in reversed(steps) if s.kind == Step.Kind.MODEL), None)
-
-        # A model step in flight: its task owns the turn.
+        # Only the newest model step and the tool calls it planned matter: a model step is
+        # created only once every earlier tool step settled, so older steps are history.
+        # (Reading just these keeps a tick flat in the length of the turn.)
+        last_model = Step.objects.filter(turn=turn, kind=Step.Kind.MODEL).order_by("-index").first()
         if last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING):
-            if last_model.status == Step.Status.PLANNED:
-                return Next("model", last_model.id)
-            return Next("wait")
-
-        for step in tool_steps:
-            if step.status == Step.Status.PLANNED:
-                tools.gate_step(step=step, session=session)
-        steps = list(Step.objects.filter(turn=turn).order_by("index"))
-        tool_steps = [s for s in steps if s.kind == Step.Kind.TOOL]
+            # A model step in flight: its task owns the turn.
+            return Next("model", last_model.id) if last_model.status == Step.Status.PLANNED else Next("wait")
+        batch_qs = Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
+                                       index__gt=last_model.index if last_model else -1).order_by("index")
+        tool_steps = list(batch_qs.all())
+        if any(s.status == Step.Status.PLANNED for s in tool_steps):
+            for step in tool_steps:
+                if step.status == Step.Status.PLANNED:
+                    tools.gate_step(step=step, session=session)
+            tool_steps = list(batch_qs.all())  # .all(): a fresh query, not the cached rows
         statuses = {s.status for s in tool_steps}
 
-        if Step.Status.RUNNING in statuses and any(s.lease_expires_at is not None for s in tool_steps
-                                                   if s.status == Step.Status.RUNNING):
+        if any(s.status == Step.Status.RUNNING and s.lease_expires_at is not None for s in tool_steps):
             return Next("wait")  # a command is running; its task enqueues the next tick
         approved = [s for s in tool_steps if s.status == Step.Status.APPROVED]
         if approved:
@@ -111,8 +110,7 @@ def decide(turn_id: uuid.UUID | str) -> Next:
 
         # Every tool step is settled: the model speaks next, or the turn is complete.
         _sync_turn(turn, Turn.Status.RUNNING)
-        if last_model is not None and last_model.status == Step.Status.COMPLETED and not tool_steps_after(
-                steps, last_model):
+        if last_model is not None and last_model.status == Step.Status.COMPLETED and not tool_steps:
             output = str((last_model.message or {}).get("content") or "")
             turn_move(turn.id, Turn.Status.COMPLETED, output_text=output)
             return Next("done")
@@ -120,13 +118,9 @@ def decide(turn_id: uuid.UUID | str) -> Next:
         if budget:
             _fail_budget(turn, budget)
             return Next("done")
-        index = (steps[-1].index + 1) if steps else 0
+        index = max([s.index for s in tool_steps] + [last_model.index if last_model else -1]) + 1
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
         return Next("model", step.id)
-
-
-def tool_steps_after(steps: list[Step], model_step: Step) -> bool:
-    return any(s.kind == Step.Kind.TOOL and s.index > model_step.index for s in steps)
 
 
 def _sync_turn(turn: Turn, to: str) -> None:

@@ -1,5 +1,7 @@
 """The built-in tool registry, the structured result every tool returns, and argument validation."""
 
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,11 +90,18 @@ def cap_text(text: str, limit: int = OUTPUT_CAP_CHARS) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> jsonschema.Draft202012Validator:
+    """Checking a schema and building its validator costs ~1.5 ms; a tool's schema rarely changes."""
+    schema = json.loads(schema_json)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
 def validate_arguments(name: str, schema: dict[str, Any], arguments: Any) -> list[str]:
     """Every way ``arguments`` breaks ``schema``, as short messages (empty when valid)."""
     try:
-        validator = jsonschema.Draft202012Validator(schema)
-        validator.check_schema(schema)
+        validator = _validator(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as exc:
         return [f"{name}: the tool's parameter schema is invalid: {exc.message[:200]}"]
     errors = []

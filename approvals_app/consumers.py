@@ -1,0 +1,71 @@
+"""WebSocket for the reviewers' queue: ``ws/approvals/``.
+
+Forwards the ``approval.*`` events of every session (event + fragment, rendered once by the
+sender). On (re)connect the client says when its page was current (``since``); the consumer
+sends the approval events stored since then, in order, so a reconnect misses nothing. Applying
+them twice is harmless: the fragments upsert or remove one item by request id.
+"""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from sessions_app.announce import APPROVALS_GROUP
+from sessions_app.fragments import render_event_fragments
+from sessions_app.models import Event
+
+VIEW_PERMISSION = "approvals_app.view_approvalrequest"
+# An event is stamped inside its transaction, before it commits: look back a little further.
+COMMIT_SKEW = timedelta(seconds=30)
+BACKLOG_LIMIT = 1000
+
+
+def load_approval_events(since: datetime) -> list[dict[str, Any]]:
+    rows = (Event.objects.filter(type__startswith="approval.", created_at__gte=since - COMMIT_SKEW)
+            .order_by("created_at", "seq")[:BACKLOG_LIMIT])
+    events = [e.as_dict() for e in rows]
+    return [{"type": "event", "event": event, "html": html}
+            for event, html in zip(events, render_event_fragments(events), strict=True)]
+
+
+def _may_view(user: Any) -> bool:
+    return bool(user.has_perm(VIEW_PERMISSION))
+
+
+class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
+    joined: bool = False
+    ready: bool = False
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        if not await database_sync_to_async(_may_view)(user):
+            await self.close(code=4403)
+            return
+        await self.channel_layer.group_add(APPROVALS_GROUP, self.channel_name)
+        self.joined = True
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            await self.channel_layer.group_discard(APPROVALS_GROUP, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "hello":
+            return
+        since = parse_datetime(str(content.get("since") or "")) or timezone.now()
+        if timezone.is_naive(since):
+            since = since.replace(tzinfo=UTC)
+        for message in await database_sync_to_async(load_approval_events)(since):
+            await self.send_json(message)
+        self.ready = True
+
+    async def event_message(self, message: dict[str, Any]) -> None:
+        if self.ready:  # earlier messages are in the hello's backlog
+            await self.send_json({"type": "event", "event": message["event"], "html": message.get("html", "")})

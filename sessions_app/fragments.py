@@ -1,0 +1,107 @@
+"""HTML fragments for live events, rendered once by the sender and carried in the group message.
+
+A fragment is a list of ``<template data-op=… data-target=…>`` instructions that static/js/live.js
+applies to whatever page is open: ``upsert`` (replace the element ``data-id`` or insert it into the
+target), ``replace`` (the target element), ``remove`` (the element ``data-id``), ``append-text`` and
+``set-text`` (a streaming answer). Targets absent from the page are skipped, so one fragment serves
+the session timeline, the approval queue and the decision page. The content comes from the same
+template partials the pages render.
+"""
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.template.loader import render_to_string
+from django.utils.html import escape
+
+from sessions_app import dashboard
+from sessions_app.models import Step, Turn
+
+STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
+TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
+              "turn.awaiting_approval", "turn.requires_action")
+QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
+
+
+def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
+    attrs = f'data-op="{escape(op)}" data-target="{escape(target)}" data-seq="{seq}"'
+    if dom_id:
+        attrs += f' data-id="{escape(dom_id)}"'
+    return f"<template {attrs}>{content}</template>"
+
+
+def render_event_fragment(event: dict[str, Any]) -> str:
+    """The fragment of one stored event (``Event.as_dict()``); at most four queries, none for deltas."""
+    return render_event_fragments([event])[0]
+
+
+def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
+    """Fragments of many events with their rows fetched in bulk (a reconnect backlog)."""
+    step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
+    turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
+    request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] == "approval.requested"}
+    steps = _step_views(step_ids)
+    turns = ({str(t.id): t for t in Turn.objects.filter(pk__in=turn_ids).select_related("created_by")}
+             if turn_ids else {})
+    approvals = dashboard.approvals_by_request_id(r for r in request_ids if r)
+    return [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+
+
+def _is_step_event(event: dict[str, Any]) -> bool:
+    return event["type"] != "model.delta" and event["type"].startswith(STEP_PREFIXES)
+
+
+def _step_views(step_ids: Iterable[Any]) -> dict[str, dashboard.StepView]:
+    ids = list(step_ids)
+    if not ids:
+        return {}
+    steps = list(Step.objects.filter(pk__in=ids))
+    return {str(v.step.id): v for v in dashboard.step_views(steps)}
+
+
+def _render(event: dict[str, Any], *, steps: dict[str, dashboard.StepView], turns: dict[str, Turn],
+            approvals: dict[str, Any]) -> str:
+    etype, seq = event["type"], int(event["seq"])
+    payload = event.get("payload") or {}
+    turn_id, step_id = event.get("turn_id"), event.get("step_id")
+    ops: list[str] = []
+    if etype == "model.delta" and step_id:
+        ops.append(_op("append-text", f"#step-{step_id}-stream", escape(str(payload.get("text", ""))), seq=seq))
+    elif etype == "session.status_changed":
+        html = render_to_string("dashboard/_session_status.html", {"status": payload.get("status", "")})
+        ops.append(_op("replace", "#session-status", html, seq=seq))
+    elif etype in TURN_TYPES and turn_id and str(turn_id) in turns:
+        tv = dashboard.TurnView(turn=turns[str(turn_id)], seq=seq)
+        if etype == "turn.queued":
+            html = render_to_string("dashboard/_turn.html", {"tv": tv})
+            ops.append(_op("upsert", "#timeline", html, seq=seq, dom_id=tv.dom_id))
+        else:
+            ops.append(_op("replace", f"#turn-{turn_id}-head",
+                           render_to_string("dashboard/_turn_head.html", {"tv": tv}), seq=seq))
+            ops.append(_op("replace", f"#turn-{turn_id}-foot",
+                           render_to_string("dashboard/_turn_foot.html", {"tv": tv}), seq=seq))
+    elif etype == "artifact.published":
+        html = render_to_string("dashboard/_artifact.html", {
+            "artifact": {"id": payload.get("artifact_id"), "path": payload.get("path"), "size": payload.get("size"),
+                         "sha256": payload.get("sha256"), "session_id": event["session_id"]}})
+        ops.append(_op("upsert", "#artifacts", html, seq=seq, dom_id=f"artifact-{payload.get('artifact_id')}"))
+    elif etype == "budget.exceeded" and turn_id:
+        html = render_to_string("dashboard/_notice.html", {"event": event})
+        ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
+    if _is_step_event(event) and step_id and str(step_id) in steps:
+        sv = steps[str(step_id)]
+        sv.seq = seq
+        html = render_to_string("dashboard/_step.html", {"sv": sv})
+        ops.append(_op("upsert", f"#turn-{sv.step.turn_id}-items", html, seq=seq, dom_id=sv.dom_id))
+    if etype == "approval.requested":
+        approval = approvals.get(str(payload.get("request_id")))
+        if approval is not None:
+            html = render_to_string("dashboard/_queue_item.html", {"approval": approval, "can_decide": True,
+                                                                    "live": True})
+            ops.append(_op("upsert", "#approval-queue", html, seq=seq, dom_id=f"approval-{approval.request_id}"))
+    elif etype in QUEUE_REMOVALS:
+        rid = payload.get("request_id")
+        ops.append(_op("remove", "#approval-queue", seq=seq, dom_id=f"approval-{rid}"))
+        html = render_to_string("dashboard/_decided_notice.html", {"payload": payload, "type": etype})
+        ops.append(_op("replace", f"#decision-live-{rid}", html, seq=seq))
+    return "".join(ops)

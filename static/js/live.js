@@ -1,0 +1,204 @@
+/* agentops live updates: one WebSocket per page, fragments applied in seq order.
+ *
+ * The server sends {type: "event", event: {seq, type, session_id, ...}, html}. The html is a list
+ * of <template data-op data-target [data-id] data-seq> instructions (sessions_app/fragments.py).
+ * Session pages: apply events strictly in seq order; drop duplicates; on a gap, buffer and ask
+ * the server for the missing range. Reconnect with backoff and say the last seq rendered.
+ * No inline scripts (CSP script-src 'self'): everything lives in this file.
+ */
+(function () {
+  "use strict";
+
+  function seqOf(el) {
+    return parseInt(el.getAttribute("data-seq") || "0", 10) || 0;
+  }
+
+  function lastMatch(selector) {
+    var all = document.querySelectorAll(selector);
+    return all.length ? all[all.length - 1] : null;
+  }
+
+  function visibleInQueue(container, el) {
+    var checks = [["tool", "data-tool"], ["agent", "data-agent"], ["risk", "data-risk"]];
+    for (var i = 0; i < checks.length; i++) {
+      var want = container.getAttribute("data-filter-" + checks[i][0]);
+      if (want && el.getAttribute(checks[i][1]) !== want) return false;
+    }
+    return true;
+  }
+
+  function applyOp(tpl) {
+    var op = tpl.getAttribute("data-op");
+    var target = tpl.getAttribute("data-target");
+    var id = tpl.getAttribute("data-id");
+    var seq = parseInt(tpl.getAttribute("data-seq") || "0", 10);
+    var container = target ? lastMatch(target) : null;
+    if (op === "remove") {
+      var gone = id && document.getElementById(id);
+      if (gone) gone.remove();
+      return;
+    }
+    if (!container) return; // this page does not show that part
+    if (op === "append-text" || op === "set-text") {
+      var text = tpl.content.textContent;
+      if (op === "append-text") {
+        if (seq <= seqOf(container)) return; // already folded into the page
+        container.appendChild(document.createTextNode(text));
+      } else {
+        container.textContent = text;
+      }
+      container.setAttribute("data-seq", String(seq));
+      return;
+    }
+    var fresh = tpl.content.firstElementChild;
+    if (!fresh) return;
+    fresh = document.importNode(fresh, true);
+    if (op === "replace") {
+      container.replaceWith(fresh);
+      activate(fresh);
+      return;
+    }
+    if (op === "upsert") {
+      var existing = id && document.getElementById(id);
+      if (existing) {
+        if (seqOf(existing) > seq) return; // never go back in time
+        existing.replaceWith(fresh);
+      } else if (container.id === "approval-queue" && !visibleInQueue(container, fresh)) {
+        return;
+      } else if (container.getAttribute("data-order") === "newest") {
+        container.prepend(fresh);
+      } else {
+        container.appendChild(fresh);
+      }
+      activate(fresh);
+    }
+  }
+
+  function activate(el) {
+    if (window.htmx) window.htmx.process(el);
+    var empty = document.getElementById("timeline-empty");
+    if (empty && el.classList && el.classList.contains("turn")) empty.remove();
+  }
+
+  function applyHtml(html) {
+    var holder = document.createElement("template");
+    holder.innerHTML = html || "";
+    var ops = holder.content.querySelectorAll("template[data-op]");
+    for (var i = 0; i < ops.length; i++) applyOp(ops[i]);
+  }
+
+  var REFRESH_TYPES = /^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)|model\.completed|budget\.|session\.status_changed)/;
+  var refreshTimer = null;
+  function scheduleRefresh() {
+    if (refreshTimer) return;
+    refreshTimer = setTimeout(function () {
+      refreshTimer = null;
+      document.body.dispatchEvent(new CustomEvent("agentops:refresh", { bubbles: true }));
+    }, 300);
+  }
+
+  function setState(state, label) {
+    var el = document.getElementById("live-state");
+    if (!el) return;
+    el.setAttribute("data-state", state);
+    el.textContent = label;
+  }
+
+  function connect(root) {
+    var kind = root.getAttribute("data-live");
+    var path = root.getAttribute("data-ws");
+    var lastSeq = parseInt(root.getAttribute("data-last-seq") || "0", 10);
+    var since = root.getAttribute("data-since") || "";
+    var pending = {}; // seq -> message, waiting for the gap before it to be filled
+    var seen = {}; // approvals page: session:seq already applied
+    var gapAsked = 0;
+    var socket = null;
+    var retry = 0;
+
+    function applySession(msg) {
+      var seq = msg.event.seq;
+      if (seq <= lastSeq) return;
+      pending[seq] = msg;
+      while (pending[lastSeq + 1]) {
+        var next = pending[lastSeq + 1];
+        delete pending[lastSeq + 1];
+        lastSeq += 1;
+        applyHtml(next.html);
+        if (REFRESH_TYPES.test(next.event.type)) scheduleRefresh();
+      }
+      root.setAttribute("data-last-seq", String(lastSeq));
+      askForGap();
+    }
+
+    // A gap: ask for the missing range (again every 2 s while it stays open: a reply can be lost too).
+    function askForGap() {
+      var waiting = Object.keys(pending).map(Number);
+      if (!waiting.length || Date.now() - gapAsked < 2000 || !socket || socket.readyState !== 1) return;
+      gapAsked = Date.now();
+      var first = Math.min.apply(null, waiting);
+      socket.send(JSON.stringify({ type: "resend", after: lastSeq, until: first - 1 }));
+    }
+    if (kind === "session") setInterval(askForGap, 1000);
+
+    function applyApproval(msg) {
+      var key = msg.event.session_id + ":" + msg.event.seq;
+      if (seen[key]) return;
+      seen[key] = true;
+      applyHtml(msg.html);
+      if (msg.event.created_at > since) since = msg.event.created_at;
+    }
+
+    function open() {
+      var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+      socket = new WebSocket(scheme + window.location.host + path);
+      socket.onopen = function () {
+        retry = 0;
+        setState("live", "live");
+        var hello = kind === "session" ? { type: "hello", last_seq: lastSeq } : { type: "hello", since: since };
+        socket.send(JSON.stringify(hello));
+      };
+      socket.onmessage = function (e) {
+        var msg;
+        try { msg = JSON.parse(e.data); } catch (err) { return; }
+        if (msg.type !== "event" || !msg.event) return;
+        if (kind === "session") applySession(msg); else applyApproval(msg);
+      };
+      socket.onclose = function (e) {
+        if (e.code === 4401 || e.code === 4403) {
+          setState("off", e.code === 4401 ? "signed out" : "no access");
+          return;
+        }
+        setState("off", "reconnecting…");
+        retry = Math.min(retry + 1, 5);
+        setTimeout(open, 500 * retry);
+      };
+    }
+    open();
+  }
+
+  function tickTimes() {
+    var now = Date.now();
+    var els = document.querySelectorAll("time[data-rel]");
+    for (var i = 0; i < els.length; i++) {
+      var t = Date.parse(els[i].getAttribute("datetime"));
+      if (isNaN(t)) continue;
+      var s = Math.max(0, Math.round((now - t) / 1000));
+      var label = s < 60 ? s + " s" : s < 3600 ? Math.floor(s / 60) + " min" :
+        s < 86400 ? Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min" : Math.floor(s / 86400) + " d";
+      els[i].textContent = label + " ago";
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var root = document.querySelector("[data-live]");
+    if (root && "WebSocket" in window) connect(root);
+    tickTimes();
+    setInterval(tickTimes, 15000);
+  });
+
+  // Test hook: lets browser tests check the seq the page has rendered.
+  window.agentopsLastSeq = function () {
+    var root = document.querySelector("[data-live]");
+    return root ? parseInt(root.getAttribute("data-last-seq") || "0", 10) : 0;
+  };
+})();

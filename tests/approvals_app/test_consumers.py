@@ -1,0 +1,97 @@
+"""ws/approvals/: reviewers get approval events live, and those they missed on (re)connect."""
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+from agentops.asgi import application
+from approvals_app.models import ApprovalRequest
+from approvals_app.services import approval_request_create
+from sessions_app import services
+from tests import factories
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+async def _close_thread_connections() -> AsyncIterator[None]:
+    yield
+    # The ORM ran in asgiref's sync thread; its kept-alive connection would block dropping the test database.
+    await database_sync_to_async(connections.close_all)()
+
+
+@database_sync_to_async
+def cookie_for(user: User) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def communicator(user: User | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://testserver")]
+    if user is not None:
+        headers.append((b"cookie", await cookie_for(user)))
+    return WebsocketCommunicator(application, "/ws/approvals/", headers=headers)
+
+
+@database_sync_to_async
+def make_request() -> ApprovalRequest:
+    owner = factories.user(groups=["operators"])
+    session = factories.session(owner=owner)
+    turn = services.turn_create(session_id=session.id, input="please")
+    step = factories.step(turn, tool_name="run_command", arguments={"command": "<b>ls</b>"})
+    return approval_request_create(step_id=step.id)
+
+
+@database_sync_to_async
+def reviewer_user() -> User:
+    return factories.user(groups=["reviewers"])
+
+
+async def test_anonymous_and_unprivileged_are_refused() -> None:
+    comm = await communicator(None)
+    assert (await comm.connect()) == (False, 4401)
+    await comm.disconnect()
+    nobody = await database_sync_to_async(factories.user)("nobody")
+    comm = await communicator(nobody)
+    assert (await comm.connect()) == (False, 4403)
+    await comm.disconnect()
+
+
+async def test_missed_requests_on_connect_then_live() -> None:
+    reviewer = await reviewer_user()
+    since = timezone.now() - timedelta(minutes=5)
+    approval = await make_request()
+    comm = await communicator(reviewer)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "hello", "since": since.isoformat()})
+    missed = await comm.receive_json_from(timeout=5)
+    assert missed["event"]["type"] == "approval.requested"
+    assert f'data-id="approval-{approval.request_id}"' in missed["html"]
+    assert "&lt;b&gt;ls&lt;/b&gt;" in missed["html"]
+    assert await comm.receive_nothing(timeout=0.3)
+    second = await make_request()
+    live = await comm.receive_json_from(timeout=5)
+    assert live["event"]["payload"]["request_id"] == str(second.request_id)
+    await comm.disconnect()
+
+
+async def test_forwards_the_senders_fragment_as_is() -> None:
+    comm = await communicator(await reviewer_user())
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "since": timezone.now().isoformat()})
+    assert await comm.receive_nothing(timeout=0.3)
+    message = {"type": "event.message", "html": "<template></template>",
+               "event": {"seq": 7, "type": "approval.decided", "session_id": "x", "payload": {}}}
+    await get_channel_layer().group_send("approvals", message)
+    assert await comm.receive_json_from(timeout=5) == {"type": "event", "event": message["event"],
+                                                       "html": message["html"]}
+    await comm.disconnect()

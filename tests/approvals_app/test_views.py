@@ -1,0 +1,261 @@
+"""The reviewer's pages: queue, decision page, decisions by request id with the hash the page showed."""
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from approvals_app.models import ApprovalGrant, ApprovalRequest
+from approvals_app.services import approval_request_create
+from sessions_app import services
+from sessions_app.fragments import render_event_fragment
+from sessions_app.models import AgentProfile, Event, Step
+from tests import factories
+from tools_app.models import ToolDefinition
+from tools_app.services import tool_definitions_seed
+
+pytestmark = pytest.mark.django_db
+
+XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+
+
+@pytest.fixture(autouse=True)
+def _tools(db: None) -> None:
+    tool_definitions_seed()
+
+
+def login(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def make_approval(owner: User, agent: AgentProfile, *, tool: str = "run_command",
+                  arguments: dict[str, Any] | None = None, kind: str = "tool", preview: str = "",
+                  risk: str = "high", mode: str = "mutating", title: str = "s") -> ApprovalRequest:
+    session = factories.session(agent=agent, owner=owner, title=title)
+    turn = services.turn_create(session_id=session.id, input="restart the worker", actor=owner)
+    step = factories.step(turn, tool_name=tool, arguments=arguments or {"command": "echo hi > out.txt"},
+                          approval_mode=mode)
+    if kind == "recovery":
+        services.step_transition(step_id=step.id, to=Step.Status.RUNNING, event_type="tool.started")
+        services.step_transition(step_id=step.id, to=Step.Status.IN_DOUBT, event_type="tool.in_doubt")
+    return approval_request_create(step_id=step.id, kind=kind, risk=risk, preview=preview,
+                                   sandbox_backend="bubblewrap", network_policy="none", risk_note="writes files")
+
+
+def test_queue_lists_pending_with_arguments(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent, title="fix prod")
+    body = login(reviewer).get("/approvals/").content.decode()
+    assert f'id="approval-{approval.request_id}"' in body
+    assert "echo hi &gt; out.txt" in body and "fix prod" in body and "restart the worker" in body
+    assert 'value="approve"' in body
+    assert 'data-ws="/ws/approvals/"' in body
+
+
+def test_queue_filters_and_order(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    first = make_approval(operator, agent, risk="low")
+    second = make_approval(operator, agent, tool="write_file", arguments={"path": "a", "content": "b"})
+    client = login(reviewer)
+    oldest = client.get("/approvals/").content.decode()
+    assert oldest.index(str(first.request_id)) < oldest.index(str(second.request_id))
+    newest = client.get("/approvals/?order=newest").content.decode()
+    assert newest.index(str(second.request_id)) < newest.index(str(first.request_id))
+    assert str(first.request_id) not in client.get("/approvals/?tool=write_file").content.decode()
+    assert str(second.request_id) not in client.get("/approvals/?risk=low").content.decode()
+    other = factories.agent_profile(slug="other")
+    assert str(first.request_id) not in client.get(f"/approvals/?agent={other.slug}").content.decode()
+
+
+@pytest.mark.parametrize("count", [1, 12])
+def test_queue_constant_queries(operator: User, reviewer: User, agent: AgentProfile, count: int,
+                                django_assert_num_queries: Any) -> None:
+    for _ in range(count):
+        make_approval(operator, agent)
+    client = login(reviewer)
+    client.get("/approvals/")
+    # session, user, 2 permission reads, queue, tools, agents
+    with django_assert_num_queries(7):
+        assert client.get("/approvals/").status_code == 200
+
+
+def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentProfile,
+                                   django_assert_num_queries: Any) -> None:
+    approval = make_approval(operator, agent, arguments={"command": "make deploy", "cwd": "app",
+                                                         "timeout_seconds": 30})
+    client = login(reviewer)
+    client.get(f"/approvals/{approval.request_id}/")
+    # session, user, 2 permission reads, approval, tool, turn steps, approvals of steps, deltas
+    with django_assert_num_queries(9):
+        response = client.get(f"/approvals/{approval.request_id}/")
+    body = response.content.decode()
+    assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body
+    assert "<code>timeout_seconds</code> 30" in body and "<code>memory_bytes</code> 1.0\xa0GB" in body
+    assert f'value="{approval.arguments_sha256}"' in body
+    assert 'name="arg__command"' in body  # the edit form, from the tool's schema
+    assert "Allow <code>run_command</code> for the rest" not in body  # mutating: no grant
+
+
+def test_decision_page_write_file_shows_diff(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    diff = "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-old\n+new <b>"
+    approval = make_approval(operator, agent, tool="write_file", arguments={"path": "x.txt", "content": "new"},
+                             preview=diff, mode="confirm_once")
+    body = login(reviewer).get(f"/approvals/{approval.request_id}/").content.decode()
+    assert '<span class="del">-old</span>' in body and '<span class="add">+new &lt;b&gt;</span>' in body
+    assert 'name="remember"' in body
+
+
+def test_approve_from_the_decision_page(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    response = login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    assert response.status_code == 302 and response["Location"] == "/approvals/"
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED and approval.decided_by == reviewer
+    assert approval.seen_sha256 == approval.arguments_sha256
+    assert Step.objects.get(pk=approval.step_id).status == Step.Status.APPROVED
+
+
+def test_stale_page_is_refused(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    response = login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": "0" * 64})
+    assert response.status_code == 409
+    assert "This page is out of date" in response.content.decode()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_missing_hash_is_refused(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    response = login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {"decision": "approve"})
+    assert response.status_code == 422
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_reject_with_reason(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "reject", "reason": "not on a Friday", "arguments_sha256": approval.arguments_sha256})
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.REJECTED and approval.reason == "not on a Friday"
+    assert Step.objects.get(pk=approval.step_id).status == Step.Status.REJECTED
+
+
+def test_edit_arguments_typed_by_schema(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "edit": "1", "arguments_sha256": approval.arguments_sha256,
+        "arg__command": "echo safer\r\necho two", "arg__cwd": "", "arg__timeout_seconds": "20"})
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED
+    assert approval.edited_arguments == {"command": "echo safer\necho two", "timeout_seconds": 20}
+    assert Step.objects.get(pk=approval.step_id).arguments == approval.edited_arguments
+
+
+def test_edit_arguments_revalidated_server_side(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    client = login(reviewer)
+    response = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "edit": "1", "arguments_sha256": approval.arguments_sha256,
+        "arg__command": "", "arg__timeout_seconds": "0"})
+    assert response.status_code == 422
+    assert "timeout_seconds" in response.content.decode()
+    response = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "edit": "1", "arguments_sha256": approval.arguments_sha256,
+        "arg__command": "ls", "arg__timeout_seconds": "soon"})
+    assert response.status_code == 422
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_allow_tool_for_the_session(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent, tool="write_file", arguments={"path": "a", "content": "b"},
+                             mode="confirm_once")
+    login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "remember": "1", "arguments_sha256": approval.arguments_sha256})
+    assert ApprovalGrant.objects.filter(session_id=approval.session_id, tool_name="write_file").exists()
+
+
+def test_recovery_request_offers_retry_mark_done_fail(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent, kind="recovery")
+    client = login(reviewer)
+    body = client.get(f"/approvals/{approval.request_id}/").content.decode()
+    assert 'value="retry"' in body and 'value="mark_done"' in body and 'value="fail"' in body
+    assert 'value="approve"' not in body
+    client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "mark_done", "arguments_sha256": approval.arguments_sha256})
+    assert Step.objects.get(pk=approval.step_id).status == Step.Status.COMPLETED
+
+
+def test_without_permission_no_buttons_and_403(operator: User, agent: AgentProfile) -> None:
+    approval = make_approval(factories.user("owner2", groups=["operators"]), agent)
+    client = login(operator)
+    body = client.get(f"/approvals/{approval.request_id}/").content.decode()
+    assert 'value="approve"' not in body and 'value="reject"' not in body
+    assert 'value="approve"' not in client.get("/approvals/").content.decode()
+    response = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    assert response.status_code == 403
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_self_approval_is_refused(agent: AgentProfile) -> None:
+    both = factories.user("both", groups=["operators", "reviewers"])
+    approval = make_approval(both, agent)
+    response = login(both).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    assert response.status_code == 403
+
+
+def test_decide_needs_csrf(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(reviewer)
+    response = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    assert response.status_code == 403
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_one_click_from_the_queue_with_htmx(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    client = login(reviewer)
+    stale = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "from": "queue", "arguments_sha256": "f" * 64}, headers={"HX-Request": "true"})
+    assert stale.status_code == 409 and "out of date" in stale.content.decode()
+    assert stale["HX-Retarget"] == f"#approval-{approval.request_id}"
+    response = client.post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "from": "queue", "arguments_sha256": approval.arguments_sha256},
+        headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert f'id="decided-{approval.request_id}"' in response.content.decode()
+    assert f'<div id="approval-{approval.request_id}" hx-swap-oob="delete">' in response.content.decode()
+
+
+def test_arguments_with_html_render_as_text(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent, arguments={"command": XSS}, title=XSS)
+    client = login(reviewer)
+    for url in ("/approvals/", f"/approvals/{approval.request_id}/"):
+        body = client.get(url).content.decode()
+        assert "<script>alert(1)" not in body and "<img src=x" not in body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    event = Event.objects.get(session_id=approval.session_id, type="approval.requested")
+    html = render_event_fragment(event.as_dict())
+    assert "<script>alert(1)" not in html and "<img src=x" not in html
+    assert f'data-target="#approval-queue" data-seq="{event.seq}" data-id="approval-{approval.request_id}"' in html
+
+
+def test_decided_fragment_removes_the_queue_item(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    approval = make_approval(operator, agent)
+    login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
+        "decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    event = Event.objects.get(session_id=approval.session_id, type="approval.decided")
+    html = render_event_fragment(event.as_dict())
+    assert f'data-op="remove" data-target="#approval-queue" data-seq="{event.seq}" ' \
+           f'data-id="approval-{approval.request_id}"' in html
+    assert ToolDefinition.objects.filter(name="run_command").exists()

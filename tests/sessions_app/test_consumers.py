@@ -1,0 +1,150 @@
+"""ws/sessions/<id>/: authentication, backlog by seq, live forwarding without database reads, resend."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+
+from agentops.asgi import application
+from sessions_app import services
+from sessions_app.models import AgentSession
+from tests import factories
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+async def _close_thread_connections() -> AsyncIterator[None]:
+    yield
+    # The ORM ran in asgiref's sync thread; its kept-alive connection would block dropping the test database.
+    await database_sync_to_async(connections.close_all)()
+
+
+@database_sync_to_async
+def cookie_for(user: User) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def communicator(path: str, user: User | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://testserver")]
+    if user is not None:
+        headers.append((b"cookie", await cookie_for(user)))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+@database_sync_to_async
+def make_session() -> tuple[User, AgentSession]:
+    owner = factories.user(groups=["operators"])
+    session = factories.session(owner=owner, title="live")
+    services.turn_create(session_id=session.id, input="go")
+    return owner, session
+
+
+@database_sync_to_async
+def record(session: AgentSession, text: str) -> int:
+    return services.event_record(session_id=session.id, type="note.added", payload={"text": text}).seq
+
+
+async def receive_events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
+    return [await comm.receive_json_from(timeout=5) for _ in range(count)]
+
+
+async def test_anonymous_is_refused() -> None:
+    _owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", None)
+    connected, code = await comm.connect()
+    assert not connected and code == 4401
+    await comm.disconnect()
+
+
+async def test_user_without_permission_is_refused() -> None:
+    _owner, session = await make_session()
+    nobody = await database_sync_to_async(factories.user)("nobody")
+    comm = await communicator(f"/ws/sessions/{session.id}/", nobody)
+    connected, code = await comm.connect()
+    assert not connected and code == 4403
+    await comm.disconnect()
+
+
+async def test_unknown_session_is_refused() -> None:
+    owner, _session = await make_session()
+    comm = await communicator("/ws/sessions/00000000-0000-0000-0000-000000000000/", owner)
+    connected, code = await comm.connect()
+    assert not connected and code == 4403
+    await comm.disconnect()
+
+
+async def test_backlog_after_last_seq_then_live_events_once_in_order() -> None:
+    owner, session = await make_session()
+    # session.created, session.status_changed, turn.queued = seq 1..3
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_json_to({"type": "hello", "last_seq": 1})
+    backlog = await receive_events(comm, 2)
+    assert [m["event"]["seq"] for m in backlog] == [2, 3]
+    assert backlog[1]["event"]["type"] == "turn.queued"
+    assert 'data-target="#timeline"' in backlog[1]["html"]
+    assert await record(session, "live one") == 4
+    live = await comm.receive_json_from(timeout=5)
+    assert live["event"]["seq"] == 4 and live["event"]["payload"] == {"text": "live one"}
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_live_messages_are_forwarded_without_reading_the_database() -> None:
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 3})
+    assert await comm.receive_nothing(timeout=0.3)
+    # Seq 99 exists nowhere in the database: the consumer forwards the sender's event and html as is.
+    message = {"type": "event.message", "html": "<template data-op=x></template>",
+               "event": {"seq": 99, "type": "tool.started", "session_id": str(session.id), "payload": {}}}
+    await get_channel_layer().group_send(f"session.{session.id}", message)
+    forwarded = await comm.receive_json_from(timeout=5)
+    assert forwarded == {"type": "event", "event": message["event"], "html": message["html"]}
+    # A duplicate (the channel layer or the backlog already delivered it) is dropped.
+    await get_channel_layer().group_send(f"session.{session.id}", message)
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_client_asks_for_a_missing_range() -> None:
+    owner, session = await make_session()
+    for i in range(5):
+        await record(session, f"n{i}")  # seq 4..8
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 8})
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.send_json_to({"type": "resend", "after": 4, "until": 6})
+    resent = await receive_events(comm, 2)
+    assert [m["event"]["seq"] for m in resent] == [5, 6]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_reconnect_gets_every_missed_event_once() -> None:
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 3})
+    await comm.disconnect()
+    for i in range(250):  # more than one backlog batch
+        await record(session, f"missed {i}")
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 3})
+    seqs = [m["event"]["seq"] for m in await receive_events(comm, 250)]
+    assert seqs == list(range(4, 254))
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()

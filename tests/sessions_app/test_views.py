@@ -1,0 +1,292 @@
+"""Dashboard pages for sessions: access, content, escaping, CSRF, constant query counts."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from sessions_app import services
+from sessions_app.fragments import render_event_fragment
+from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+
+
+def login(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def add_turn_with_steps(session: AgentSession, *, steps: int, text: str = "ok") -> Turn:
+    """A completed turn: one model step and ``steps`` finished tool steps, with their events."""
+    turn = services.turn_create(session_id=session.id, input=f"do {text}", actor=session.owner)
+    services.turn_transition(turn_id=turn.id, to=Turn.Status.RUNNING)
+    model = factories.step(turn, kind="model", tool_name="", message={"role": "assistant", "content": "thinking"})
+    services.step_transition(step_id=model.id, to=Step.Status.RUNNING, event_type="model.started")
+    services.event_record(session_id=session.id, turn_id=turn.id, step_id=model.id, type="model.delta",
+                          payload={"text": "thin"})
+    services.step_transition(step_id=model.id, to=Step.Status.COMPLETED, event_type="model.completed")
+    for _ in range(steps):
+        step = factories.step(turn, tool_name="run_command", arguments={"command": f"echo {text}"})
+        services.step_transition(step_id=step.id, to=Step.Status.RUNNING, event_type="tool.started")
+        services.step_transition(step_id=step.id, to=Step.Status.COMPLETED, event_type="tool.completed",
+                                 result={"status": "completed", "output": f"{text}\nline2", "exit_code": 0,
+                                         "duration_ms": 12.5, "files_changed": {"created": ["out.txt"]}})
+    services.turn_transition(turn_id=turn.id, to=Turn.Status.COMPLETED, output_text=f"answer {text}")
+    services.session_transition(session_id=session.id, to=AgentSession.Status.IDLE)
+    return turn
+
+
+def test_pages_require_login() -> None:
+    client = Client()
+    for url in ("/", "/sessions/", "/approvals/"):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/login/")
+
+
+def test_login_page_logs_in(operator: User) -> None:
+    client = Client()
+    response = client.post("/login/", {"username": "op", "password": "pw"})
+    assert response.status_code == 302
+    assert client.get("/").status_code == 200
+
+
+def test_overview_counts_and_oldest_approval(operator: User, agent: AgentProfile,
+                                             django_assert_num_queries: Any) -> None:
+    session = factories.session(agent=agent, owner=operator, title="busy one")
+    services.turn_create(session_id=session.id, input="go")
+    factories.session(agent=agent, owner=operator)
+    client = login(operator)
+    client.get("/")  # warm the permission cache of the session
+    with django_assert_num_queries(9):  # session, user, 2 permission reads, 5 dashboard reads
+        response = client.get("/")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert re.search(r'<span class="n">1</span> running', body)
+    assert "No pending approvals." in body
+    assert "busy one" in body
+
+
+def test_overview_shows_admin_link_only_to_staff(operator: User) -> None:
+    assert "/admin/" not in login(operator).get("/").content.decode()
+    admin = factories.user("boss", groups=["admins"], is_staff=True)
+    assert 'href="/admin/"' in login(admin).get("/").content.decode()
+
+
+def test_health_panel_renders(operator: User) -> None:
+    response = login(operator).get("/health-panel/")
+    assert response.status_code == 200
+    assert "database" in response.content.decode()
+
+
+def test_session_list_filters_and_paginates(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    other_agent = factories.agent_profile(name="Other", slug="other")
+    for i in range(30):
+        factories.session(agent=agent, owner=operator, title=f"mine {i}")
+    factories.session(agent=other_agent, owner=reviewer, title="needle in title")
+    with_input = factories.session(agent=agent, owner=operator, title="plain")
+    services.turn_create(session_id=with_input.id, input="find the haystack please")
+    client = login(operator)
+
+    first = client.get("/sessions/").content.decode()
+    assert "page 1 of 2" in first
+    assert "needle in title" in client.get("/sessions/?agent=other").content.decode()
+    assert "mine 3" not in client.get("/sessions/?agent=other").content.decode()
+    assert "needle in title" in client.get("/sessions/?owner=rev").content.decode()
+    searched = client.get("/sessions/?q=haystack").content.decode()
+    assert "plain" in searched and "mine 1" not in searched
+    assert "plain" in client.get("/sessions/?status=in_progress").content.decode()
+    partial = client.get("/sessions/?q=needle", headers={"HX-Request": "true", "HX-Target": "session-results"})
+    assert "<html" not in partial.content.decode() and "needle in title" in partial.content.decode()
+
+
+@pytest.mark.parametrize("count", [2, 40])
+def test_session_list_constant_queries(operator: User, agent: AgentProfile, count: int,
+                                       django_assert_num_queries: Any) -> None:
+    for _ in range(count):
+        factories.session(agent=agent, owner=operator)
+    client = login(operator)
+    client.get("/sessions/")
+    # session, user, 2 permission reads, count, page, agents (filter), owners (filter), agents (form)
+    with django_assert_num_queries(9):
+        assert client.get("/sessions/?q=x").status_code == 200
+
+
+def test_new_session_form_starts_a_session(operator: User, agent: AgentProfile) -> None:
+    client = login(operator)
+    response = client.post("/sessions/new/", {
+        "agent": agent.slug, "title": "", "input": "say hello",
+        "requirements": "be brief\n\nbe kind", "prohibitions": "no network", "acceptance_criteria": "",
+    })
+    session = AgentSession.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/sessions/{session.id}/"
+    assert session.owner == operator
+    assert session.requirements == ["be brief", "be kind"] and session.prohibitions == ["no network"]
+    assert Turn.objects.get(session=session).input == "say hello"
+    page = client.get(response["Location"]).content.decode()
+    assert "Pinned context" in page and "be brief" in page and "no network" in page
+
+
+def test_new_session_form_reports_errors(operator: User, agent: AgentProfile) -> None:
+    response = login(operator).post("/sessions/new/", {"agent": agent.slug, "input": ""})
+    assert response.status_code == 422
+    assert AgentSession.objects.count() == 0
+
+
+def test_reviewer_cannot_start_sessions(reviewer: User, agent: AgentProfile) -> None:
+    client = login(reviewer)
+    assert 'id="new-session"' not in client.get("/sessions/").content.decode()
+    assert client.post("/sessions/new/", {"agent": agent.slug, "input": "x"}).status_code == 403
+
+
+def test_forms_need_csrf(operator: User, agent: AgentProfile) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    assert client.post("/sessions/new/", {"agent": agent.slug, "input": "x"}).status_code == 403
+    page = client.get("/sessions/").content.decode()
+    assert 'name="csrfmiddlewaretoken"' in page
+    assert 'hx-headers=\'{"X-CSRFToken": "' in page
+
+
+def test_session_page_shows_timeline(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator, title="timeline",
+                                pinned={"acceptance_criteria": ["tests pass"]})
+    add_turn_with_steps(session, steps=2)
+    response = login(operator).get(f"/sessions/{session.id}/")
+    body = response.content.decode()
+    session.refresh_from_db()
+    assert response.status_code == 200
+    assert f'data-last-seq="{session.last_seq}"' in body
+    assert f'data-ws="/ws/sessions/{session.id}/"' in body
+    assert "tests pass" in body
+    assert body.count('class="step k-tool') == 2
+    assert "echo ok" in body and "exit 0" in body and "out.txt" in body and "answer ok" in body
+    assert "Tool calls" in body  # usage bars
+
+
+def test_session_page_csp_has_no_inline_script(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    response = login(operator).get(f"/sessions/{session.id}/")
+    assert "script-src 'self'" in response["Content-Security-Policy"]
+    body = response.content.decode()
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", body) == []
+    assert " style=" not in body
+    assert " on" + "click=" not in body
+
+
+@pytest.mark.parametrize("turns", [1, 8])
+def test_session_page_constant_queries(operator: User, agent: AgentProfile, turns: int,
+                                       django_assert_num_queries: Any) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    for i in range(turns):
+        add_turn_with_steps(session, steps=1 + i, text=f"t{i}")
+    client = login(operator)
+    client.get(f"/sessions/{session.id}/")
+    # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas, artifacts
+    with django_assert_num_queries(10):
+        response = client.get(f"/sessions/{session.id}/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    # Long timelines paginate by turns.
+    assert ("Load earlier turns" in body) == (turns > 5)
+
+
+def test_earlier_turns_page(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    for i in range(7):
+        add_turn_with_steps(session, steps=0, text=f"t{i}")
+    body = login(operator).get(f"/sessions/{session.id}/timeline/?before=3").content.decode()
+    assert "Turn 1" in body and "Turn 2" in body and "Turn 3" not in body
+
+
+def test_streaming_text_is_folded_into_a_running_model_step(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    turn = services.turn_create(session_id=session.id, input="stream")
+    model = factories.step(turn, kind="model", tool_name="")
+    services.step_transition(step_id=model.id, to=Step.Status.RUNNING, event_type="model.started")
+    for chunk in ("Hel", "lo ", "world"):
+        last = services.event_record(session_id=session.id, turn_id=turn.id, step_id=model.id, type="model.delta",
+                                     payload={"text": chunk})
+    body = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert f'id="step-{model.id}-stream" data-seq="{last.seq}">Hello world</div>' in body
+
+
+def test_tool_arguments_and_output_are_escaped(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator, title=XSS)
+    turn = services.turn_create(session_id=session.id, input=XSS)
+    step = factories.step(turn, tool_name="run_command", arguments={"command": XSS})
+    services.step_transition(step_id=step.id, to=Step.Status.RUNNING, event_type="tool.started")
+    services.step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="tool.failed",
+                             result={"status": "failed", "output": XSS, "error_code": "timeout"},
+                             error_code="timeout", error_message=XSS)
+    body = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert "<script>alert(1)" not in body and "<img src=x" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "timeout" in body
+    for event in Event.objects.filter(session=session):
+        html = render_event_fragment(event.as_dict())
+        assert "<script>alert" not in html and "<img src=x" not in html
+
+
+def test_turn_submit_and_cancel(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    client = login(operator)
+    response = client.post(f"/sessions/{session.id}/turns/", {"input": "first"})
+    assert response.status_code == 302
+    assert Turn.objects.get(session=session).input == "first"
+    # A second input while the first runs is refused with a message, not a crash.
+    client.post(f"/sessions/{session.id}/turns/", {"input": "second"})
+    assert Turn.objects.filter(session=session).count() == 1
+    page = client.get(f"/sessions/{session.id}/").content.decode()
+    assert "already has an active turn" in page
+    assert "Cancel the running turn" in page
+    client.post(f"/sessions/{session.id}/cancel/")
+    assert Turn.objects.get(session=session).status == Turn.Status.CANCELLED
+
+
+def test_reviewer_sees_no_operator_controls(reviewer: User, operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    client = login(reviewer)
+    assert "Next input" not in client.get(f"/sessions/{session.id}/").content.decode()
+    assert client.post(f"/sessions/{session.id}/turns/", {"input": "x"}).status_code == 403
+    assert client.post(f"/sessions/{session.id}/cancel/").status_code == 403
+
+
+def test_artifact_download(operator: User, agent: AgentProfile, settings: Any) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    root = Path(settings.AGENTOPS_ARTIFACT_ROOT)
+    stored = root / "a" / "report.html"
+    stored.parent.mkdir(parents=True)
+    stored.write_text("<script>x</script>")
+    artifact = services.artifact_record(session_id=session.id, path="report.html", size=18, sha256="ab" * 32,
+                                        storage_path=str(stored))
+    client = login(operator)
+    page = client.get(f"/sessions/{session.id}/").content.decode()
+    assert f"/sessions/{session.id}/artifacts/{artifact.id}/" in page
+    response = client.get(f"/sessions/{session.id}/artifacts/{artifact.id}/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/octet-stream"
+    assert "attachment" in response["Content-Disposition"]
+    assert b"".join(response.streaming_content) == b"<script>x</script>"  # type: ignore[attr-defined]
+
+
+def test_fragments_target_the_page_partials(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    turn = add_turn_with_steps(session, steps=1)
+    events = {e.type: e for e in Event.objects.filter(session=session).order_by("seq")}
+    queued = render_event_fragment(events["turn.queued"].as_dict())
+    assert 'data-op="upsert" data-target="#timeline"' in queued and f'id="turn-{turn.id}"' in queued
+    delta = render_event_fragment(events["model.delta"].as_dict())
+    assert 'data-op="append-text"' in delta and ">thin</template>" in delta
+    tool = render_event_fragment(events["tool.completed"].as_dict())
+    assert f'data-target="#turn-{turn.id}-items"' in tool and "exit 0" in tool
+    status = render_event_fragment(events["session.status_changed"].as_dict())
+    assert 'data-op="replace" data-target="#session-status"' in status
