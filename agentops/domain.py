@@ -3,8 +3,12 @@
 This module imports no app: every layer may use it.
 """
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class DomainError(Exception):
@@ -77,3 +81,22 @@ class StateMachine:
                          "allowed": sorted(self.TRANSITIONS.get(str(self.status), frozenset()))},
             )
 
+
+
+def joins_transaction(func: Callable[P, R]) -> Callable[P, R]:
+    """Run in the caller's transaction, or in a new one when there is none.
+
+    Unlike a nested ``atomic()`` it costs no savepoint round trips (several per engine step), and
+    unlike ``atomic(savepoint=False)`` a domain error raised before any write leaves the
+    caller's transaction usable.
+    """
+    from django.db import connection, transaction
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if connection.in_atomic_block:
+            return func(*args, **kwargs)
+        with transaction.atomic():
+            return func(*args, **kwargs)
+
+    return wrapper

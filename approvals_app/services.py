@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied
+from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied, joins_transaction
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from approvals_app.signals import approval_decided
 from sessions_app.models import Step
@@ -49,7 +49,7 @@ def _public(approval: ApprovalRequest) -> dict[str, Any]:
             "approval_mode": approval.approval_mode, "risk": approval.risk}
 
 
-@transaction.atomic
+@joins_transaction
 def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalRequest.Kind.TOOL,
                             risk: str = "high", risk_note: str = "", sandbox_backend: str = "",
                             network_policy: str = "", preview: str = "",
@@ -227,7 +227,7 @@ def approval_expire_due(*, now: Any = None) -> int:
     return count
 
 
-@transaction.atomic
+@joins_transaction
 def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
     """Mark an approved request as used, exactly once; re-check the hash of what was approved.
 
@@ -248,7 +248,7 @@ def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
     return approval
 
 
-@transaction.atomic
+@joins_transaction
 def approval_transition(*, request_id: uuid.UUID | str, to: str) -> ApprovalRequest:
     """Generic guarded move (used for cancel); decisions go through ``approval_decide``."""
     session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))

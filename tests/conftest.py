@@ -6,6 +6,14 @@ from tests import factories
 
 
 @pytest.fixture(autouse=True)
+def _fresh_tool_cache() -> None:
+    """The engine caches tool definitions for 2 s; each test starts from the database."""
+    from tools_app.selectors import tool_definitions_cache_clear
+
+    tool_definitions_cache_clear()
+
+
+@pytest.fixture(autouse=True)
 def _workspace_root(settings, tmp_path_factory: pytest.TempPathFactory) -> None:  # type: ignore[no-untyped-def]
     # The sandbox runs as an unprivileged uid: the workspace root must be traversable by it,
     # which pytest's private (0700) temp directory is not.

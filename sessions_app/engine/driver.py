@@ -17,7 +17,7 @@ from django.utils import timezone
 from sessions_app.engine import llm, tools
 from sessions_app.engine.state import step_claim, turn_fail, turn_move
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import event_record, session_lock, step_transition
+from sessions_app.services import event_record, session_lock_fetch, step_transition
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,10 @@ MODEL_LEASE_SECONDS = llm.MODEL_TIMEOUT_SECONDS * (1 + len(llm.RETRY_DELAYS)) + 
 class Next:
     """What the tick decided: nothing more here, or a task to enqueue after commit."""
 
-    action: str  # "done" | "model" | "tool" | "wait" | "continue"
+    action: str  # "done" | "model" | "tool" | "wait"
     step_id: uuid.UUID | None = None
+    step: Step | None = None  # the row as decide() saw it, to spare the next query
+    session: AgentSession | None = None
 
 
 def _budget_exceeded(session: AgentSession, turn: Turn, *, before: str) -> tuple[str, int, float] | None:
@@ -63,15 +65,16 @@ def decide(turn_id: uuid.UUID | str) -> Next:
 
     One short transaction holding the turn lock: the decision and its claim are atomic.
     """
-    session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
-    if session_id is None:
+    turn = Turn.objects.filter(pk=turn_id).first()
+    if turn is None or not turn.is_active:
         return Next("done")
     with transaction.atomic():
-        session_lock(session_id)
-        turn = Turn.objects.select_for_update().filter(pk=turn_id).first()
-        if turn is None or not turn.is_active:
+        # The session lock serialises every write of the session, the turn's included: the
+        # turn row read before it is re-read after it.
+        session = session_lock_fetch(turn.session_id)
+        turn.refresh_from_db(fields=["status", "started_at"])
+        if session is None or not turn.is_active:
             return Next("done")
-        session = AgentSession.objects.select_related("agent").get(pk=turn.session_id)
         if turn.status == Turn.Status.QUEUED:
             turn = turn_move(turn.id, Turn.Status.RUNNING)
         # Only the newest model step and the tool calls it planned matter: a model step is
@@ -80,7 +83,8 @@ def decide(turn_id: uuid.UUID | str) -> Next:
         last_model = Step.objects.filter(turn=turn, kind=Step.Kind.MODEL).order_by("-index").first()
         if last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING):
             # A model step in flight: its task owns the turn.
-            return Next("model", last_model.id) if last_model.status == Step.Status.PLANNED else Next("wait")
+            return Next("model", last_model.id, last_model) if last_model.status == Step.Status.PLANNED \
+                else Next("wait")
         batch_qs = Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                        index__gt=last_model.index if last_model else -1).order_by("index")
         tool_steps = list(batch_qs.all())
@@ -100,7 +104,7 @@ def decide(turn_id: uuid.UUID | str) -> Next:
             if budget:
                 _fail_budget(turn, budget)
                 return Next("done")
-            return Next("tool", approved[0].id)
+            return Next("tool", approved[0].id, approved[0], session)
         if Step.Status.AWAITING_APPROVAL in statuses or Step.Status.IN_DOUBT in statuses:
             _sync_turn(turn, Turn.Status.AWAITING_APPROVAL)
             return Next("wait")
@@ -120,7 +124,7 @@ def decide(turn_id: uuid.UUID | str) -> Next:
             return Next("done")
         index = max([s.index for s in tool_steps] + [last_model.index if last_model else -1]) + 1
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
-        return Next("model", step.id)
+        return Next("model", step.id, step)
 
 
 def _sync_turn(turn: Turn, to: str) -> None:
@@ -129,10 +133,10 @@ def _sync_turn(turn: Turn, to: str) -> None:
         turn.status = to
 
 
-def run_model_step(step_id: uuid.UUID | str) -> bool:
+def run_model_step(step_id: uuid.UUID | str, step: Step | None = None) -> bool:
     """Claim a planned model step, call the model, record the reply. False when not ours."""
     step = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
-                      event_type="model.started")
+                      event_type="model.started", known=step)
     if step is None:
         return False
     try:
@@ -169,14 +173,14 @@ def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
             if not on_llm_worker:
                 tasks.model_call_task.delay(str(nxt.step_id))
                 return
-            if not run_model_step(nxt.step_id):
+            if not run_model_step(nxt.step_id, nxt.step):
                 return
             continue
         if nxt.action == "tool":
-            step = Step.objects.get(pk=nxt.step_id)
+            step = nxt.step or Step.objects.get(pk=nxt.step_id)
             if tools.needs_sandbox_queue(step):
                 tasks.tool_run_task.delay(str(step.id))
                 return
-            tools.run_tool_step(step.id)
+            tools.run_tool_step(step.id, step=step, session=nxt.session)
             continue
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import openai
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from agentops.domain import joins_transaction
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
 from sessions_app.services import event_record, session_lock, step_transition
-from tools_app.models import ToolDefinition
+from tools_app.selectors import tool_definitions_by_name
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def call_model(step: Step) -> ModelReply:
                           retryable=True)
 
 
-@transaction.atomic
+@joins_transaction
 def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
     """Store the assistant message, usage and the planned tool steps in one transaction."""
     session_lock(step.session_id)
@@ -226,7 +226,8 @@ def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
         message["tool_calls"] = [{"id": c["id"] or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
                                  for c in reply.tool_calls]
-    step_transition(step_id=step.id, to=Step.Status.COMPLETED, event_type="model.completed",
+    step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
+                    event_type="model.completed",
                     event_payload={"content": reply.content, "tool_calls": message.get("tool_calls", []),
                                    "usage": {"prompt_tokens": reply.prompt_tokens,
                                              "completion_tokens": reply.completion_tokens}},
@@ -237,7 +238,7 @@ def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
     Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
                                                  completion_tokens=F("completion_tokens") + reply.completion_tokens)
     planned: list[Step] = []
-    modes = dict(ToolDefinition.objects.values_list("name", "approval_mode"))
+    modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
     for i, call in enumerate(message.get("tool_calls", []), start=1):
         name = call["function"]["name"]
         error = ""

@@ -7,10 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentops.domain import joins_transaction
 from sessions_app.models import AgentSession, Step, Turn
 from sessions_app.services import event_record, session_lock, session_transition, turn_transition
 
@@ -39,7 +39,7 @@ def turn_move(turn_id: uuid.UUID | str, to: str, **fields: Any) -> Turn:
     return turn
 
 
-@transaction.atomic
+@joins_transaction
 def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: bool = False) -> Turn | None:
     """Fail an active turn (no-op on a finished one) and settle its open steps."""
     session_lock(Turn.objects.values_list("session_id", flat=True).get(pk=turn_id))
@@ -79,25 +79,33 @@ def lease_seconds_for(timeout_seconds: int) -> float:
     return float(timeout_seconds) + float(settings.AGENTOPS_LEASE_SECONDS)
 
 
-@transaction.atomic
+@joins_transaction
 def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: float, event_type: str,
-               event_payload: dict[str, Any] | None = None) -> Step | None:
+               event_payload: dict[str, Any] | None = None, known: Step | None = None) -> Step | None:
     """Claim a step for running with a conditional update: exactly one caller wins.
 
     A redelivered or duplicated task finds the step no longer in ``from_status`` and gets None.
+    ``known`` is the row as the caller read it: its fields, but not its status, are trusted.
     """
-    session_id = Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first()
+    session_id = known.session_id if known is not None else (
+        Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first())
     if session_id is None:
         return None
     session_lock(session_id)
     now = timezone.now()
+    lease = now + timedelta(seconds=lease_seconds)
     claimed = Step.objects.filter(pk=step_id, status=from_status).update(
-        status=Step.Status.RUNNING, lease_owner=worker_id(), lease_expires_at=now + timedelta(seconds=lease_seconds),
+        status=Step.Status.RUNNING, lease_owner=worker_id(), lease_expires_at=lease,
         attempts=F("attempts") + 1, started_at=now, updated_at=now,
     )
     if not claimed:
         return None
-    step = Step.objects.get(pk=step_id)
+    if known is not None:
+        step = known
+        step.status, step.lease_owner, step.lease_expires_at = Step.Status.RUNNING, worker_id(), lease
+        step.attempts, step.started_at = step.attempts + 1, now
+    else:
+        step = Step.objects.get(pk=step_id)
     event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type=event_type,
                  payload={"status": "running", "index": step.index, "kind": step.kind, "tool": step.tool_name,
                           "attempt": step.attempts, "arguments": step.arguments if step.kind == "tool" else None,

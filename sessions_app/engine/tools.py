@@ -20,15 +20,16 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from agentops.domain import Conflict, InvalidTransition
+from agentops.domain import Conflict, InvalidTransition, joins_transaction
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_consume, approval_request_create, grant_is_live
 from sessions_app.engine.state import lease_seconds_for, step_claim, step_is_cancelled
-from sessions_app.models import AgentSession, Step
+from sessions_app.models import AgentProfile, AgentSession, Step
 from sessions_app.services import artifact_record, session_lock, step_transition
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
+from tools_app.selectors import tool_definitions_by_name
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,19 @@ def _fail_step(step: Step, code: str, message: str) -> None:
                     error_code=code, error_message=message)
 
 
+_allowed_cache: dict[int, tuple[float, frozenset[str]]] = {}
+
+
+def allowed_tool_names(profile: AgentProfile) -> frozenset[str]:
+    """The names of the tools a profile may use, cached as briefly as the tool definitions."""
+    cached = _allowed_cache.get(profile.pk)
+    if cached and time.monotonic() - cached[0] < 2.0:
+        return cached[1]
+    names = frozenset(profile.tools.values_list("name", flat=True))
+    _allowed_cache[profile.pk] = (time.monotonic(), names)
+    return names
+
+
 def risk_of(tool: ToolDefinition) -> tuple[str, str]:
     if tool.network == "host":
         return "high", "This call may reach the network from the sandbox."
@@ -83,11 +97,11 @@ def risk_of(tool: ToolDefinition) -> tuple[str, str]:
     return "medium", "Changes files in the session's sandboxed workspace."
 
 
-@transaction.atomic
+@joins_transaction
 def gate_step(*, step: Step, session: AgentSession) -> str:
     """Decide what a planned tool step needs. Returns the step's new status."""
-    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
-    allowed = session.agent.tools.filter(pk=tool.pk).exists() if tool else False
+    tool = tool_definitions_by_name().get(step.tool_name)
+    allowed = tool is not None and tool.name in allowed_tool_names(session.agent)
     if step.error_code == "invalid_arguments":
         _fail_step(step, "invalid_arguments", step.error_message)
         return Step.Status.FAILED
@@ -107,7 +121,7 @@ def gate_step(*, step: Step, session: AgentSession) -> str:
     mode = tool.approval_mode
     if mode == ApprovalMode.SAFE_READONLY or (
             mode == ApprovalMode.CONFIRM_ONCE and grant_is_live(session_id=session.id, tool_name=tool.name)):
-        step_transition(step_id=step.id, to=Step.Status.APPROVED)
+        step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
     risk, note = risk_of(tool)
     preview = ""
@@ -135,19 +149,20 @@ def _approval_for(step: Step) -> ApprovalRequest | None:
                                            status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
 
 
-def claim_tool_step(step_id: uuid.UUID | str) -> tuple[Step, ApprovalRequest | None] | None:
+def claim_tool_step(step_id: uuid.UUID | str, step: Step | None = None) -> tuple[Step, ApprovalRequest | None] | None:
     """approved → running with a lease, consuming its approval in the same transaction."""
-    step = Step.objects.filter(pk=step_id).first()
+    step = step or Step.objects.filter(pk=step_id).first()
     if step is None or step.status != Step.Status.APPROVED:
         return None
-    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    tool = tool_definitions_by_name().get(step.tool_name)
     timeout = tool.timeout_seconds if tool else 60
     with transaction.atomic():
         claimed = step_claim(step_id=step_id, from_status=Step.Status.APPROVED,
-                             lease_seconds=lease_seconds_for(timeout), event_type="tool.started")
+                             lease_seconds=lease_seconds_for(timeout), event_type="tool.started", known=step)
         if claimed is None:
             return None
-        approval = _approval_for(claimed)
+        # Only a step a reviewer was asked about has an approval to consume.
+        approval = None if claimed.approval_mode == ApprovalMode.SAFE_READONLY else _approval_for(claimed)
         if approval is not None:
             try:
                 approval_consume(request_id=approval.request_id)
@@ -159,14 +174,15 @@ def claim_tool_step(step_id: uuid.UUID | str) -> tuple[Step, ApprovalRequest | N
     return claimed, approval
 
 
-def run_tool_step(step_id: uuid.UUID | str) -> Step | None:
+def run_tool_step(step_id: uuid.UUID | str, *, step: Step | None = None,
+                  session: AgentSession | None = None) -> Step | None:
     """Claim, run and record one approved tool step. Returns None when another worker has it."""
-    claim = claim_tool_step(step_id)
+    claim = claim_tool_step(step_id, step)
     if claim is None:
         return None
     step, approval = claim
-    session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
-    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    session = session or AgentSession.objects.select_related("agent").get(pk=step.session_id)
+    tool = tool_definitions_by_name().get(step.tool_name)
     workspace = session_workspace(session)
     manifest = None
     if tool is not None and not tool.idempotent:
@@ -209,7 +225,8 @@ def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | 
         with transaction.atomic():
             session_lock(step.session_id)
             moved = step_transition(
-                step_id=step.id, to=Step.Status.COMPLETED if ok else Step.Status.FAILED,
+                step_id=step.id, session_id=step.session_id, known=step,
+                to=Step.Status.COMPLETED if ok else Step.Status.FAILED,
                 event_type="tool.completed" if ok else "tool.failed",
                 event_payload={"result": _event_result(result)}, result=result,
                 error_code="" if ok else str(result.get("error_code", "tool_error")),

@@ -16,6 +16,7 @@ from sessions_app.engine.services import session_cancel, session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
 from tools_app.models import Outbox, ToolDefinition
+from tools_app.selectors import tool_definitions_cache_clear
 
 pytestmark = pytest.mark.usefixtures("celery_worker")
 
@@ -157,6 +158,7 @@ def test_engine_edited_arguments_invalid_for_schema_is_422(engine_agent: AgentPr
 def test_engine_expired_approval_is_reported_as_expired(engine_agent: AgentProfile,
                                                         people: tuple[User, User]) -> None:
     ToolDefinition.objects.filter(name="run_command").update(approval_ttl_seconds=1)
+    tool_definitions_cache_clear()
     session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo x"), "say {results}"))
     (approval,) = pending_approvals(turn)
     time.sleep(1.1)
@@ -190,6 +192,7 @@ def test_engine_client_tool_waits_for_output(engine_agent: AgentProfile, people:
                                            parameters_schema={"type": "object",
                                                               "properties": {"email": {"type": "string"}}})
     engine_agent.tools.add(lookup)
+    tool_definitions_cache_clear()
     session, turn = start(engine_agent, people[0], script(tool("lookup_customer", email="a@example.com"),
                                                           "say {results}"))
     wait_for(lambda: Turn.objects.get(pk=turn.pk).status == "requires_action", what="requires_action")
