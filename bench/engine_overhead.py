@@ -165,9 +165,14 @@ def run_floor(profile: Any, owner: Any, n: int, deadline: float) -> tuple[float,
 
 
 def _stream(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[str, list[Any]]:
-    """One streamed chat completion, assembled the way the engine does."""
-    stream = client.chat.completions.create(model="scripted", messages=messages, tools=tools, stream=True,
-                                            stream_options={"include_usage": True})
+    """One streamed chat completion through the same SDK transport as the engine, assembled the same way."""
+    import openai
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    body = {"model": "scripted", "messages": messages, "tools": tools, "stream": True,
+            "stream_options": {"include_usage": True}}
+    stream = client.post("/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
+                         stream_cls=openai.Stream[ChatCompletionChunk])
     content = ""
     calls: dict[int, dict[str, str]] = {}
     for chunk in stream:
@@ -197,7 +202,8 @@ def _bench(ns: tuple[int, ...], config: dict[str, str], model_url: str, worker: 
     print(f"  model      scripted, zero latency, {model_url} (thread in this process), openai SDK, streamed")
     print('  script     N × tool list_files {"path": "."} then say done (N+1 model calls, N tool steps)')
     print("  engine     session_start → turn completed (Turn.finished_at), through the worker")
-    print("  floor b    one loop: model call (openai SDK, same growing history) + execute_tool(list_files)")
+    print("  floor b    one loop: model call (the engine's openai SDK transport, same growing history)")
+    print("             + execute_tool(list_files)")
     print("             + per step 1 Step row, 2 event_record() (announced), 1 ORM update, in 2 transactions")
     print("  floor a    the same loop less its time in those DB writes (the unavoidable work)")
     print(f"  python {sys.version.split()[0]}, django {django.get_version()}, {os.cpu_count()} CPUs")

@@ -13,10 +13,11 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from approvals_app.models import ApprovalRequest
+from sessions_app import selectors
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 from tools_app.models import ToolDefinition
 
@@ -186,17 +187,7 @@ def overview(*, now: datetime | None = None, stuck_after: timedelta = STUCK_AFTE
 def sessions_page(*, status: str = "", agent: str = "", owner: str = "", q: str = "",
                   page: int | str = 1, per_page: int = SESSIONS_PER_PAGE) -> Page[AgentSession]:
     """Two queries (count, page)."""
-    qs: QuerySet[AgentSession] = AgentSession.objects.select_related("agent", "owner").order_by("-created_at", "-id")
-    if status:
-        qs = qs.filter(status=status)
-    if agent:
-        qs = qs.filter(agent__slug=agent)
-    if owner:
-        qs = qs.filter(owner__username=owner)
-    if q:
-        # EXISTS instead of a join: no duplicates, no DISTINCT over the whole table.
-        inputs = Turn.objects.filter(session=OuterRef("pk"), input__icontains=q)
-        qs = qs.filter(Q(title__icontains=q) | Exists(inputs))
+    qs = selectors.sessions_list(status=status, agent=agent, owner=owner, q=q)
     return Paginator(qs, per_page).get_page(page)
 
 

@@ -39,19 +39,22 @@ def agents_enabled() -> QuerySet[AgentProfile]:
     return AgentProfile.objects.filter(enabled=True).prefetch_related("tools")
 
 
-def sessions_list(*, status: str | None = None, agent: str | None = None, owner_id: int | None = None,
+def sessions_list(*, status: str | None = None, agent: str | None = None, owner: str | None = None,
                   q: str | None = None) -> QuerySet[AgentSession]:
+    """Newest first; ``q`` searches titles and turn inputs."""
+    from django.db.models import Exists, OuterRef, Q
+
     qs = AgentSession.objects.select_related("agent", "owner").order_by("-created_at", "-id")
     if status:
         qs = qs.filter(status=status)
     if agent:
         qs = qs.filter(agent__slug=agent)
-    if owner_id:
-        qs = qs.filter(owner_id=owner_id)
+    if owner:
+        qs = qs.filter(owner__username=owner)
     if q:
-        from django.db.models import Q
-
-        qs = qs.filter(Q(title__icontains=q) | Q(turns__input__icontains=q)).distinct()
+        # EXISTS instead of a join: no duplicates, no DISTINCT over the whole table.
+        inputs = Turn.objects.filter(session=OuterRef("pk"), input__icontains=q)
+        qs = qs.filter(Q(title__icontains=q) | Exists(inputs))
     return qs
 
 

@@ -230,6 +230,20 @@ def _passwd_data() -> tuple[bytes, bytes]:
 
 # --- output capture -------------------------------------------------------------------------------
 
+def _pump(sel: selectors.BaseSelector, buffers: dict[int, "_CappedBuffer"], timeout: float) -> None:
+    """Read what the pipes have within ``timeout``; unregister a pipe at its end."""
+    for key, _events in sel.select(timeout=timeout):
+        fd = int(key.fd)
+        try:
+            chunk = os.read(fd, 256 * 1024)
+        except BlockingIOError:
+            continue
+        if chunk:
+            buffers[fd].add(chunk)
+        else:
+            sel.unregister(fd)
+
+
 class _CappedBuffer:
     """Keeps the first and last ``cap // 2`` bytes of a stream and counts the rest."""
 
@@ -372,16 +386,7 @@ def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tupl
                     break
             wait = min(0.2, deadline - now)
             if sel.get_map():
-                for key, _events in sel.select(timeout=wait):
-                    fd = int(key.fd)
-                    try:
-                        chunk = os.read(fd, 256 * 1024)
-                    except BlockingIOError:
-                        continue
-                    if chunk:
-                        buffers[fd].add(chunk)
-                    else:
-                        sel.unregister(fd)
+                _pump(sel, buffers, wait)
                 if sum(buf.total for buf in buffers.values()) > policy.output_limit_bytes:
                     reason = "output_limit"
                     break
@@ -398,16 +403,7 @@ def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tupl
         # Drain what is left without waiting on a straggler that still holds a pipe.
         drain_until = time.monotonic() + 0.5
         while sel.get_map() and time.monotonic() < drain_until:
-            for key, _events in sel.select(timeout=0.05):
-                fd = int(key.fd)
-                try:
-                    chunk = os.read(fd, 256 * 1024)
-                except BlockingIOError:
-                    continue
-                if chunk:
-                    buffers[fd].add(chunk)
-                else:
-                    sel.unregister(fd)
+            _pump(sel, buffers, 0.05)
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
