@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.http import FileResponse, HttpRequest, StreamingHttpResponse
 from ninja import Query, Router
+from ninja.responses import Status
 
 from agentops.domain import InvalidArguments, NotFound, PermissionDenied
 from sessions_app import announce, selectors
@@ -76,7 +77,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 
 
 @router.post("/sessions", response={201: SessionCreatedOut, **ERRORS})
-def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> tuple[int, dict[str, Any]]:
+def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
     _require(request, OPERATE)
     agent = selectors.agent_get(payload.agent)
     session, turn = engine.session_start(
@@ -84,7 +85,7 @@ def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> tuple[i
         input=payload.input or "", title=payload.title or "", pinned=payload.pinned, budget=payload.budget,
         metadata=payload.metadata, idempotency_key=request.headers.get("Idempotency-Key", ""))
     session = selectors.session_get(session.id)
-    return 201, {**session_out(session), "turn": turn}
+    return Status(201, {**session_out(session), "turn": turn})
 
 
 @router.get("/sessions", response={200: SessionPageOut, **ERRORS})
@@ -122,12 +123,12 @@ def session_cancel_api(request: HttpRequest, session_id: str) -> dict[str, Any]:
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})
-def turn_submit_api(request: HttpRequest, session_id: str, payload: TurnCreateIn) -> tuple[int, Turn]:
+def turn_submit_api(request: HttpRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
     _require(request, OPERATE)
     session = selectors.session_get(session_id)
     turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,  # type: ignore[arg-type]
                               idempotency_key=request.headers.get("Idempotency-Key", ""))
-    return 201, turn
+    return Status(201, turn)
 
 
 @router.get("/sessions/{session_id}/turns", response={200: list[TurnOut], **ERRORS})
