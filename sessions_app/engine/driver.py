@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -33,6 +34,7 @@ class Next:
     step_id: uuid.UUID | None = None
     step: Step | None = None  # the row as decide() saw it, to spare the next query
     session: AgentSession | None = None
+    approval: Any = None  # the approval a claimed tool step consumed
 
 
 def _budget_exceeded(session: AgentSession, turn: Turn, *, before: str) -> tuple[str, int, float] | None:
@@ -60,10 +62,13 @@ def _fail_budget(turn: Turn, budget: tuple[str, int, float]) -> None:
                   message=f"The session's budget {name} ({limit}) is used up ({used:g}).")
 
 
-def decide(turn_id: uuid.UUID | str) -> Next:
+def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_tool: bool = False) -> Next:
     """Advance the turn as far as it can go without slow work; say what comes next.
 
-    One short transaction holding the turn lock: the decision and its claim are atomic.
+    One short transaction holding the session lock: the decision and its claim are atomic.
+    With ``claim_model`` (the caller is on the llm queue) the next model step is claimed here
+    (``model_claimed``), with ``claim_inline_tool`` the next approved tool that needs no
+    sandbox (``tool_claimed``): one transaction per action instead of two.
     """
     turn = Turn.objects.filter(pk=turn_id).first()
     if turn is None or not turn.is_active:
@@ -83,16 +88,18 @@ def decide(turn_id: uuid.UUID | str) -> Next:
         last_model = Step.objects.filter(turn=turn, kind=Step.Kind.MODEL).order_by("-index").first()
         if last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING):
             # A model step in flight: its task owns the turn.
-            return Next("model", last_model.id, last_model) if last_model.status == Step.Status.PLANNED \
-                else Next("wait")
+            if last_model.status == Step.Status.RUNNING:
+                return Next("wait")
+            if claim_model:
+                claimed = _claim_model(last_model)
+                return Next("model_claimed", last_model.id, claimed) if claimed else Next("wait")
+            return Next("model", last_model.id, last_model)
         batch_qs = Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                        index__gt=last_model.index if last_model else -1).order_by("index")
         tool_steps = list(batch_qs.all())
-        if any(s.status == Step.Status.PLANNED for s in tool_steps):
-            for step in tool_steps:
-                if step.status == Step.Status.PLANNED:
-                    tools.gate_step(step=step, session=session)
-            tool_steps = list(batch_qs.all())  # .all(): a fresh query, not the cached rows
+        for step in tool_steps:
+            if step.status == Step.Status.PLANNED:
+                step.status = tools.gate_step(step=step, session=session)
         statuses = {s.status for s in tool_steps}
 
         if any(s.status == Step.Status.RUNNING and s.lease_expires_at is not None for s in tool_steps):
@@ -104,7 +111,11 @@ def decide(turn_id: uuid.UUID | str) -> Next:
             if budget:
                 _fail_budget(turn, budget)
                 return Next("done")
-            return Next("tool", approved[0].id, approved[0], session)
+            step = approved[0]
+            if claim_inline_tool and not tools.needs_sandbox_queue(step):
+                approval = tools.claim_tool_step_locked(step)
+                return Next("tool_claimed", step.id, step, session, approval)
+            return Next("tool", step.id, step, session)
         if Step.Status.AWAITING_APPROVAL in statuses or Step.Status.IN_DOUBT in statuses:
             _sync_turn(turn, Turn.Status.AWAITING_APPROVAL)
             return Next("wait")
@@ -124,7 +135,15 @@ def decide(turn_id: uuid.UUID | str) -> Next:
             return Next("done")
         index = max([s.index for s in tool_steps] + [last_model.index if last_model else -1]) + 1
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
+        if claim_model:
+            claimed = _claim_model(step)
+            return Next("model_claimed", step.id, claimed) if claimed else Next("wait")
         return Next("model", step.id, step)
+
+
+def _claim_model(step: Step) -> Step | None:
+    return step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
+                      event_type="model.started", known=step)
 
 
 def _sync_turn(turn: Turn, to: str) -> None:
@@ -135,10 +154,16 @@ def _sync_turn(turn: Turn, to: str) -> None:
 
 def run_model_step(step_id: uuid.UUID | str, step: Step | None = None) -> bool:
     """Claim a planned model step, call the model, record the reply. False when not ours."""
-    step = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
-                      event_type="model.started", known=step)
-    if step is None:
+    claimed = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
+                         event_type="model.started", known=step)
+    if claimed is None:
         return False
+    run_claimed_model_step(claimed)
+    return True
+
+
+def run_claimed_model_step(step: Step) -> None:
+    """Call the model for a step this worker claimed and record the reply (or the failure)."""
     try:
         reply = llm.call_model(step)
     except llm.ModelCallFailed as exc:
@@ -147,13 +172,12 @@ def run_model_step(step_id: uuid.UUID | str, step: Step | None = None) -> bool:
                             event_payload={"error_code": exc.code, "error": exc.message[:500]},
                             error_code=exc.code, error_message=exc.message[:2000])
             turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
-        return True
+        return
     try:
         llm.record_reply(step=step, reply=reply)
     except Exception:
         log.exception("recording the reply of step %s failed", step.id)
         raise
-    return True
 
 
 def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
@@ -162,10 +186,20 @@ def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
 
     started = time.monotonic()
     while True:
-        nxt = decide(turn_id)
+        # Past the inline budget nothing more is claimed here: hand over to a fresh task.
+        fresh = time.monotonic() - started <= INLINE_SECONDS
+        nxt = decide(turn_id, claim_model=on_llm_worker and fresh, claim_inline_tool=fresh)
         if nxt.action in ("done", "wait"):
             return
-        if time.monotonic() - started > INLINE_SECONDS:
+        if nxt.action == "model_claimed":
+            assert nxt.step is not None
+            run_claimed_model_step(nxt.step)
+            continue
+        if nxt.action == "tool_claimed":
+            assert nxt.step is not None and nxt.session is not None
+            tools.run_claimed_tool_step(nxt.step, nxt.approval, nxt.session)
+            continue
+        if not fresh:
             tasks.turn_advance_task.delay(str(turn_id))
             return
         assert nxt.step_id is not None

@@ -174,6 +174,23 @@ def claim_tool_step(step_id: uuid.UUID | str, step: Step | None = None) -> tuple
     return claimed, approval
 
 
+def claim_tool_step_locked(step: Step) -> ApprovalRequest | None:
+    """approved → running for a step read under the session lock (so no one else can claim it).
+
+    Consumes its approval first; a Conflict (consumed already) aborts the caller's transaction.
+    """
+    approval = None if step.approval_mode == ApprovalMode.SAFE_READONLY else _approval_for(step)
+    if approval is not None:
+        approval_consume(request_id=approval.request_id)
+    tool = tool_definitions_by_name().get(step.tool_name)
+    claimed = step_claim(step_id=step.id, from_status=Step.Status.APPROVED,
+                         lease_seconds=lease_seconds_for(tool.timeout_seconds if tool else 60),
+                         event_type="tool.started", known=step)
+    if claimed is None:
+        raise Conflict(f"Step {step.id} changed under the session lock", code="claim_lost")
+    return approval
+
+
 def run_tool_step(step_id: uuid.UUID | str, *, step: Step | None = None,
                   session: AgentSession | None = None) -> Step | None:
     """Claim, run and record one approved tool step. Returns None when another worker has it."""
@@ -181,6 +198,12 @@ def run_tool_step(step_id: uuid.UUID | str, *, step: Step | None = None,
     if claim is None:
         return None
     step, approval = claim
+    return run_claimed_tool_step(step, approval, session)
+
+
+def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
+                          session: AgentSession | None = None) -> Step | None:
+    """Run a tool step this worker claimed and record its result."""
     session = session or AgentSession.objects.select_related("agent").get(pk=step.session_id)
     tool = tool_definitions_by_name().get(step.tool_name)
     workspace = session_workspace(session)
