@@ -5,7 +5,6 @@ change arrives over the WebSockets.
 """
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from approvals_app.services import approval_decide
 from sessions_app.engine.services import session_start
 from sessions_app.models import AgentSession, Event, Step
 from tests.e2e.conftest import SCREENSHOTS, Stack, World, login, watch_console
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -25,14 +25,6 @@ def script(command: str = COMMAND) -> str:
     return f"tool run_command {json.dumps({'command': command})}\nsay done: {{results}}"
 
 
-def wait_for(predicate: Any, timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pending_request(session_id: Any) -> ApprovalRequest:

@@ -3,7 +3,7 @@ the scripted model over HTTP through the openai SDK."""
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,20 +15,13 @@ from sessions_app.engine import recovery
 from sessions_app.engine.services import session_cancel, session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
+from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
 
 pytestmark = pytest.mark.usefixtures("celery_worker")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finished(turn: Turn, timeout: float = 30) -> Turn:

@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -21,6 +20,7 @@ from approvals_app.services import approval_decide
 from sessions_app.engine.services import session_start
 from sessions_app.models import AgentProfile, Event, Step, Turn
 from tests import factories
+from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,14 +62,6 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
             proc.wait()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _setup(scripted_model_url: str) -> tuple[AgentProfile, User, User]:
