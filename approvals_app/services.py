@@ -1,5 +1,6 @@
 """Approval requests: create, decide (by request ID only), expire, cancel, consume; grants."""
 
+import contextlib
 import hashlib
 import uuid
 from datetime import timedelta
@@ -103,14 +104,27 @@ def _check_actor(approval: ApprovalRequest, actor: User) -> None:
                                code="self_approval_forbidden")
 
 
-@transaction.atomic
 def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str = "",
                     seen_hash: str | None = None, arguments: dict[str, Any] | None = None,
                     remember: bool = False) -> ApprovalRequest:
     """Record a reviewer's decision. Idempotent for the same decision; 409 otherwise.
 
-    Wakes the engine (``approval_decided``) after commit.
+    Wakes the engine (``approval_decided``) after commit. A request past its deadline that the
+    sweeper has not reached yet is expired first, in its own transaction, so the refusal
+    (409 ``expired``) does not roll the expiry back.
     """
+    with contextlib.suppress(ValueError, ValidationError):
+        due = ApprovalRequest.objects.filter(request_id=request_id, status="pending",
+                                             expires_at__lte=timezone.now()).values_list("pk", flat=True)
+        for pk in due:
+            _expire_one(pk)
+    return _approval_decide(request_id=request_id, actor=actor, decision=decision, reason=reason,
+                            seen_hash=seen_hash, arguments=arguments, remember=remember)
+
+
+@transaction.atomic
+def _approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str,
+                     seen_hash: str | None, arguments: dict[str, Any] | None, remember: bool) -> ApprovalRequest:
     try:
         session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
         approval = ApprovalRequest.objects.select_for_update().select_related("session").get(
@@ -130,7 +144,7 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
         raise AlreadyDecided(f"This request is already {approval.status} ({approval.decision or 'no decision'}).",
                              details={"status": approval.status, "decision": approval.decision})
     if approval.expires_at and approval.expires_at <= timezone.now():
-        _expire(approval)
+        # It came due a moment ago: refuse; the sweeper records the expiry.
         raise Conflict("This request expired before it was decided.", code="expired")
     if seen_hash is not None and seen_hash != approval.arguments_sha256:
         raise StaleArguments(details={"current_sha256": approval.arguments_sha256, "seen_sha256": seen_hash})
@@ -218,13 +232,18 @@ def approval_expire_due(*, now: Any = None) -> int:
     now = now or timezone.now()
     count = 0
     for pk in ApprovalRequest.objects.filter(status="pending", expires_at__lte=now).values_list("pk", flat=True):
-        with transaction.atomic():
-            session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(pk=pk))
-            approval = ApprovalRequest.objects.select_for_update().get(pk=pk)
-            if approval.status == ApprovalRequest.Status.PENDING:
-                _expire(approval)
-                count += 1
+        count += _expire_one(pk)
     return count
+
+
+@transaction.atomic
+def _expire_one(pk: int) -> int:
+    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(pk=pk))
+    approval = ApprovalRequest.objects.select_for_update().get(pk=pk)
+    if approval.status != ApprovalRequest.Status.PENDING:
+        return 0
+    _expire(approval)
+    return 1
 
 
 @joins_transaction

@@ -334,3 +334,22 @@ def test_approval_decide_approve_and_reject_racing_one_wins_the_other_409() -> N
     assert approval.status in ("approved", "rejected") and _decisions(approval) == 1
     expected_step = "approved" if approval.decision == "approve" else "rejected"
     assert Step.objects.get(pk=approval.step_id).status == expected_step
+
+
+@pytest.mark.django_db
+def test_approval_decide_past_deadline_records_the_expiry_and_refuses() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    step = factories.step(factories.turn(), tool_name="run_command", arguments={"command": "true"},
+                          approval_mode="mutating")
+    approval = services.approval_request_create(step_id=step.id)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    reviewer = factories.user("late-reviewer", groups=["reviewers"])
+    with pytest.raises(Conflict) as info:
+        services.approval_decide(request_id=approval.request_id, actor=reviewer, decision="approve")
+    assert info.value.code == "expired"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"  # not rolled back with the refusal
+    assert Step.objects.get(pk=step.pk).status == "expired"
+    assert Event.objects.filter(step_id=step.id, type="approval.expired").count() == 1
