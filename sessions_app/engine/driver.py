@@ -1,4 +1,4 @@
-"""One engine tick: lock the turn, decide the one next action, claim it, do it or hand it off.
+"""One engine tick: lock the session, decide the one next action, claim it, do it or hand it off.
 
 Read-only tools that need no sandbox run inline and the loop continues in the same task; a
 task ends where the design needs it: a sandboxed command (queue ``sandbox``), a model call
@@ -28,9 +28,10 @@ MODEL_LEASE_SECONDS = llm.MODEL_TIMEOUT_SECONDS * (1 + len(llm.RETRY_DELAYS)) + 
 
 @dataclass
 class Next:
-    """What the tick decided: nothing more here, or a task to enqueue after commit."""
+    """What the tick decided: nothing to do here (done, wait), work claimed for this worker
+    (model_claimed, tool_claimed), or work for another queue (model, tool)."""
 
-    action: str  # "done" | "model" | "tool" | "wait"
+    action: str  # "done" | "wait" | "model_claimed" | "tool_claimed" | "model" | "tool"
     step_id: uuid.UUID | None = None
     step: Step | None = None  # the row as decide() saw it, to spare the next query
     session: AgentSession | None = None
