@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sessions_app.engine import llm, tools
-from sessions_app.engine.state import step_claim, turn_fail, turn_move
+from sessions_app.engine.state import step_claim, step_create_claimed, turn_fail, turn_move
 from sessions_app.models import AgentSession, Step, Turn
 from sessions_app.services import event_record, session_lock_fetch, step_transition
 
@@ -36,6 +36,10 @@ class Next:
     step: Step | None = None  # the row as decide() saw it, to spare the next query
     session: AgentSession | None = None
     approval: Any = None  # the approval a claimed tool step consumed
+
+    @property
+    def session_id(self) -> uuid.UUID | None:
+        return self.session.id if self.session is not None else (self.step.session_id if self.step else None)
 
 
 def _budget_exceeded(session: AgentSession, turn: Turn, *, before: str) -> tuple[str, int, float] | None:
@@ -63,23 +67,25 @@ def _fail_budget(turn: Turn, budget: tuple[str, int, float]) -> None:
                   message=f"The session's budget {name} ({limit}) is used up ({used:g}).")
 
 
-def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_tool: bool = False) -> Next:
+def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_tool: bool = False,
+           session_id: uuid.UUID | None = None) -> Next:
     """Advance the turn as far as it can go without slow work; say what comes next.
 
     One short transaction holding the session lock: the decision and its claim are atomic.
     With ``claim_model`` (the caller is on the llm queue) the next model step is claimed here
     (``model_claimed``), with ``claim_inline_tool`` the next approved tool that needs no
-    sandbox (``tool_claimed``): one transaction per action instead of two.
+    sandbox (``tool_claimed``): one transaction per action instead of two. ``session_id``, when
+    the caller knows it (``Next.session_id`` of the previous tick), spares a look-up.
     """
-    turn = Turn.objects.filter(pk=turn_id).first()
-    if turn is None or not turn.is_active:
-        return Next("done")
+    if session_id is None:
+        session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
+        if session_id is None:
+            return Next("done")
     with transaction.atomic():
-        # The session lock serialises every write of the session, the turn's included: the
-        # turn row read before it is re-read after it.
-        session = session_lock_fetch(turn.session_id)
-        turn.refresh_from_db(fields=["status", "started_at"])
-        if session is None or not turn.is_active:
+        # The session lock serialises every write of the session, the turn's included.
+        session = session_lock_fetch(session_id)
+        turn = Turn.objects.filter(pk=turn_id).first()
+        if session is None or turn is None or not turn.is_active:
             return Next("done")
         if turn.status == Turn.Status.QUEUED:
             turn = turn_move(turn.id, Turn.Status.RUNNING)
@@ -135,10 +141,10 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
             _fail_budget(turn, budget)
             return Next("done")
         index = max([s.index for s in tool_steps] + [last_model.index if last_model else -1]) + 1
+        if claim_model:  # created already claimed: no planned row to claim a moment later
+            step = step_create_claimed(session=session, turn=turn, index=index, lease_seconds=MODEL_LEASE_SECONDS)
+            return Next("model_claimed", step.id, step)
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
-        if claim_model:
-            claimed = _claim_model(step)
-            return Next("model_claimed", step.id, claimed) if claimed else Next("wait")
         return Next("model", step.id, step)
 
 
@@ -186,10 +192,12 @@ def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
     from sessions_app import tasks
 
     started = time.monotonic()
+    session_id: uuid.UUID | None = None
     while True:
         # Past the inline budget nothing more is claimed here: hand over to a fresh task.
         fresh = time.monotonic() - started <= INLINE_SECONDS
-        nxt = decide(turn_id, claim_model=on_llm_worker and fresh, claim_inline_tool=fresh)
+        nxt = decide(turn_id, claim_model=on_llm_worker and fresh, claim_inline_tool=fresh, session_id=session_id)
+        session_id = nxt.session_id or session_id
         if nxt.action in ("done", "wait"):
             return
         if nxt.action == "model_claimed":

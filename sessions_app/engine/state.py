@@ -106,10 +106,24 @@ def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: flo
         step.attempts, step.started_at = step.attempts + 1, now
     else:
         step = Step.objects.get(pk=step_id)
+    _record_started(step, event_type, event_payload)
+    return step
+
+
+def _record_started(step: Step, event_type: str, event_payload: dict[str, Any] | None = None) -> None:
     event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type=event_type,
                  payload={"status": "running", "index": step.index, "kind": step.kind, "tool": step.tool_name,
                           "attempt": step.attempts, "arguments": step.arguments if step.kind == "tool" else None,
                           **(event_payload or {})})
+
+
+def step_create_claimed(*, session: AgentSession, turn: Turn, index: int, lease_seconds: float) -> Step:
+    """A new model step, claimed by this worker as it is created. Call under the session lock."""
+    now = timezone.now()
+    step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL,
+                               status=Step.Status.RUNNING, lease_owner=worker_id(),
+                               lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=1, started_at=now)
+    _record_started(step, "model.started")
     return step
 
 
