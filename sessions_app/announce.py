@@ -162,11 +162,3 @@ def announce_later(event: dict[str, Any]) -> None:
         log.warning("announcement queue full: event %s/%s left to gap replay", event.get("session_id"),
                     event.get("seq"))
 
-
-def flush(timeout: float = 5.0) -> None:
-    """Wait until queued announcements are sent (tests, graceful shutdown)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not _pending.empty() and time.monotonic() < deadline:
-        time.sleep(0.01)

@@ -16,6 +16,7 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from approvals_app import selectors as approval_selectors
 from approvals_app.models import ApprovalRequest
 from sessions_app import selectors
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
@@ -268,16 +269,9 @@ def turn_view(turn: Turn, *, seq: int = 0) -> TurnView:
 def approval_queue(*, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
                    limit: int = QUEUE_LIMIT) -> list[ApprovalRequest]:
     """One query: the pending requests with their session, agent and turn."""
-    qs = (ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
-          .select_related("session__agent", "session__owner", "turn"))
-    if tool:
-        qs = qs.filter(tool_name=tool)
-    if agent:
-        qs = qs.filter(session__agent__slug=agent)
-    if risk:
-        qs = qs.filter(risk=risk)
-    ordering = ["-created_at", "-id"] if order == "newest" else ["created_at", "id"]
-    return list(qs.order_by(*ordering)[:limit])
+    qs = approval_selectors.approvals_list(status=ApprovalRequest.Status.PENDING, tool=tool, agent=agent, risk=risk,
+                                           oldest_first=order != "newest")
+    return list(qs.select_related("session__owner", "turn")[:limit])
 
 
 def queue_tools() -> list[str]:

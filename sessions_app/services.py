@@ -5,7 +5,6 @@ status, refuse illegal moves with ``InvalidTransition`` (409), and record an eve
 same transaction.
 """
 
-import hashlib
 import json
 import uuid
 from collections.abc import Mapping
@@ -291,10 +290,6 @@ def turn_create(*, session_id: uuid.UUID | str, input: str, actor: User | None =
 
 
 # --- artifacts ---------------------------------------------------------------------------
-
-def content_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -47,8 +47,7 @@ def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: b
     if not turn.is_active:
         return None
     for step in Step.objects.select_for_update().filter(turn_id=turn_id).exclude(status__in=Step.SETTLED):
-        _settle_open_step(step, Step.Status.FAILED if step.status != Step.Status.IN_DOUBT else Step.Status.FAILED,
-                          code)
+        _settle_open_step(step, Step.Status.FAILED, code)
     _cancel_approvals(turn.id)
     return turn_move(turn.id, Turn.Status.FAILED, error_code=code, error_message=message[:2000],
                      retryable=retryable)
@@ -57,9 +56,7 @@ def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: b
 def _settle_open_step(step: Step, to: str, code: str) -> None:
     from sessions_app.services import step_transition
 
-    if step.status in (Step.Status.AWAITING_APPROVAL,):
-        to = Step.Status.CANCELLED
-    if not step.can_move_to(to):
+    if not step.can_move_to(to):  # a step waiting for approval cannot fail: it is cancelled
         to = Step.Status.CANCELLED
     step_transition(step_id=step.id, to=to, error_code=code)
 
@@ -68,10 +65,6 @@ def _cancel_approvals(turn_id: uuid.UUID) -> None:
     from approvals_app.services import approvals_cancel_for_turn
 
     approvals_cancel_for_turn(turn_id=turn_id)
-
-
-def lease_until(seconds: float) -> Any:
-    return timezone.now() + timedelta(seconds=seconds)
 
 
 def lease_seconds_for(timeout_seconds: int) -> float:

@@ -1,6 +1,5 @@
 """ws/sessions/<id>/: authentication, backlog by seq, live forwarding without database reads, resend."""
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -8,29 +7,14 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from django.db import connections
-from django.test import Client
 
 from agentops.asgi import application
 from sessions_app import services
 from sessions_app.models import AgentSession
 from tests import factories
+from tests.ws import close_thread_connections, cookie_for  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-async def _close_thread_connections() -> AsyncIterator[None]:
-    yield
-    # The ORM ran in asgiref's sync thread; its kept-alive connection would block dropping the test database.
-    await database_sync_to_async(connections.close_all)()
-
-
-@database_sync_to_async
-def cookie_for(user: User) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
 
 
 async def communicator(path: str, user: User | None) -> WebsocketCommunicator:
