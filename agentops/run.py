@@ -34,6 +34,23 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: flo
     raise SystemExit(f"{name} did not listen on port {port} within {timeout:.0f}s")
 
 
+def _wait_healthy(port: int, timeout: float = 60) -> None:
+    """Print the URL only once /healthz says the worker answers too (it boots after daphne)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=3) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    print(f"warning: /healthz is not 200 after {timeout:.0f}s; see http://127.0.0.1:{port}/healthz", file=sys.stderr)
+
+
 def main() -> int:
     port = int(os.environ.get("PORT", "8000"))
     host = os.environ.get("HOST", "127.0.0.1")
@@ -76,6 +93,7 @@ def main() -> int:
                              "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
             web = spawn("web", [PY, "-m", "daphne", "-b", host, "-p", str(port), "agentops.asgi:application"])
             _wait_port(port, web, "daphne")
+            _wait_healthy(port)
         except (SystemExit, subprocess.CalledProcessError) as exc:
             print(f"make run failed: {exc}", file=sys.stderr)
             return 1
