@@ -156,7 +156,8 @@ class Turn(StateMachine, models.Model):
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="turns")
+    # No index of its own: turn_unique_index (session, index) serves it.
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, db_index=False, related_name="turns")
     index = models.PositiveIntegerField()
     input = models.TextField()
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
@@ -233,8 +234,10 @@ class Step(StateMachine, models.Model):
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="steps")
-    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_call_idx (session, call_id) serves it.
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, db_index=False, related_name="steps")
+    # No index of its own: step_unique_index (turn, index) serves it.
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, db_index=False, related_name="steps")
     index = models.PositiveIntegerField()
     kind = models.CharField(max_length=8, choices=Kind.choices)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
@@ -287,7 +290,8 @@ class Step(StateMachine, models.Model):
 class Event(models.Model):
     """The append-only timeline: ``(session, seq)`` unique and gap-free per session."""
 
-    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_unique_seq (session, seq) serves it; one index less per event.
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, db_index=False, related_name="events")
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=64)
     turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
