@@ -7,14 +7,18 @@ same transaction.
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext as _nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from agentops.domain import Conflict, InvalidArguments, NotFound, joins_transaction
@@ -48,8 +52,8 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
         else:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"UPDATE {_SESSIONS} SET last_seq = last_seq + 1, last_event_at = %s WHERE id = %s "
-                    "RETURNING last_seq", [now, _db_uuid(session_id)])
+                    f"UPDATE {_SESSIONS} SET last_seq = last_seq + 1, {_LAST_EVENT_AT} WHERE id = %s "
+                    "RETURNING last_seq", [*_last_event_at(now), _db_uuid(session_id)])
                 row = cursor.fetchone()
             if row is None:
                 raise NotFound(f"No session {session_id}")
@@ -60,7 +64,16 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
 
 
 _SESSIONS = AgentSession._meta.db_table
+# last_event_at moves at most once a second: the session row is updated with every event, and an
+# update that leaves every indexed column alone is a HOT update on PostgreSQL (no index writes).
+_LAST_EVENT_AT = ("last_event_at = CASE WHEN last_event_at IS NULL OR last_event_at < %s THEN %s "
+                  "ELSE last_event_at END")
+
+
+def _last_event_at(now: Any) -> tuple[Any, Any]:
+    return now - timedelta(seconds=1), now
 _EVENTS = Event._meta.db_table
+_STEPS = Step._meta.db_table
 
 
 def _event_insert_postgres(session_id: uuid.UUID | str, type: str, payload: dict[str, Any],
@@ -71,10 +84,10 @@ def _event_insert_postgres(session_id: uuid.UUID | str, type: str, payload: dict
     stid = uuid.UUID(str(step_id)) if step_id else None
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH s AS (UPDATE {_SESSIONS} SET last_seq = last_seq + 1, last_event_at = %s WHERE id = %s "
+            f"WITH s AS (UPDATE {_SESSIONS} SET last_seq = last_seq + 1, {_LAST_EVENT_AT} WHERE id = %s "
             f"RETURNING last_seq) INSERT INTO {_EVENTS} (session_id, seq, type, turn_id, step_id, payload, created_at) "
             "SELECT %s, s.last_seq, %s, %s, %s, %s::jsonb, %s FROM s RETURNING id, seq",
-            [now, sid, sid, type, tid, stid, json.dumps(payload, cls=DjangoJSONEncoder), now])
+            [*_last_event_at(now), sid, sid, type, tid, stid, json.dumps(payload, cls=DjangoJSONEncoder), now])
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"No session {session_id}")
@@ -82,6 +95,134 @@ def _event_insert_postgres(session_id: uuid.UUID | str, type: str, payload: dict
                   payload=json.loads(json.dumps(payload, cls=DjangoJSONEncoder)), created_at=now)
     event._state.adding = False
     return event
+
+
+COUNTERS = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens")
+_TURNS = Turn._meta.db_table
+SESSION_RECORD_FIELDS = (*COUNTERS, "wall_seconds", "max_tool_calls", "max_model_calls", "max_tokens",
+                         "max_wall_seconds")
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """A conditional update of one step for ``session_record``: applied only while the step is
+    still in ``from_status``."""
+
+    step_id: uuid.UUID
+    from_status: str
+    fields: Mapping[str, Any]
+
+
+def session_record(*, session_id: uuid.UUID, turn_id: uuid.UUID,
+                   events: Sequence[tuple[str, uuid.UUID | None, dict[str, Any]]],
+                   step_changes: Sequence[StepChange] = (), step_inserts: Sequence[Step] = (),
+                   **counters: int) -> dict[str, Any] | None:
+    """Write one outcome of a turn in one statement (on PostgreSQL): append its events, add to the
+    session's counters and the turn's tokens, apply conditional step updates, insert new steps.
+
+    Call inside atomic(). The session row is locked first (the lock order of ``session_lock``);
+    the events are announced after commit. ``events`` are (type, step_id, payload), ``counters``
+    increments of COUNTERS. Returns the session's counters and budgets after the write plus
+    ``steps_changed``, the number of step changes that applied: fewer than asked means a step
+    moved meanwhile (cancelled?) and the caller must roll back. None: no such session.
+    The engine's inline path writes each step with this: one round trip instead of one per
+    event, counter and row.
+    """
+    now = timezone.now()
+    add = [int(counters.pop(name, 0)) for name in COUNTERS]
+    if counters:
+        raise TypeError(f"unknown counters {sorted(counters)}")
+    n = len(events)
+    dumped = [json.dumps(payload, cls=DjangoJSONEncoder) for _, _, payload in events]
+    set_counters = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)
+    returned = ", ".join(SESSION_RECORD_FIELDS)
+    if connection.vendor == "postgresql":
+        row = _session_record_postgres(session_id, turn_id, now, n, add, events, dumped, step_changes,
+                                       step_inserts, set_counters, returned)
+        if row is None:
+            return None
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {set_counters} "
+                           f"WHERE id = %s RETURNING last_seq, {returned}",
+                           [n, *_last_event_at(now), *add, _db_uuid(session_id)])
+            fetched = cursor.fetchone()
+        if fetched is None:
+            return None
+        if not Turn.objects.filter(pk=turn_id, session_id=session_id).update(
+                prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
+                updated_at=now):
+            raise NotFound(f"No turn {turn_id} in session {session_id}")
+        changed = sum(Step.objects.filter(pk=change.step_id, status=change.from_status).update(
+            **change.fields, updated_at=now)
+            for change in step_changes)
+        Step.objects.bulk_create(step_inserts)
+        Event.objects.bulk_create([
+            Event(session_id=session_id, seq=fetched[0] - n + i, type=type_, turn_id=turn_id, step_id=step_id,
+                  payload=payload, created_at=now)
+            for i, (type_, step_id, payload) in enumerate(events, start=1)])
+        row = (*fetched, 1, changed)
+    first_seq = row[0] - n + 1
+    for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True)):
+        event = {"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
+                 "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
+                 "created_at": now.isoformat()}
+        transaction.on_commit(partial(announce.announce_later, event), robust=True)
+    result = dict(zip(SESSION_RECORD_FIELDS, row[1:1 + len(SESSION_RECORD_FIELDS)], strict=True))
+    result["steps_changed"] = row[-1]
+    return result
+
+
+def _session_record_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: Any, n: int, add: list[int],
+                             events: Sequence[tuple[str, uuid.UUID | None, dict[str, Any]]], dumped: list[str],
+                             step_changes: Sequence[StepChange], step_inserts: Sequence[Step],
+                             set_counters: str, returned: str) -> tuple[Any, ...] | None:
+    steps, quote = _STEPS, connection.ops.quote_name
+    # Each CTE with its parameters, in the order of the text. Every CTE after s reads s, so the
+    # session row is locked before any other row.
+    ctes: list[tuple[str, list[Any]]] = [
+        (f"s AS (UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {set_counters} "
+         f"WHERE id = %s RETURNING last_seq, {returned})", [n, *_last_event_at(now), *add, session_id]),
+        (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
+         f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
+         f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",
+         [add[2], add[3], now, turn_id, session_id]),
+    ]
+    if events:
+        values = ", ".join(["(%s::int, %s::text, %s::uuid, %s::jsonb)"] * n)
+        params: list[Any] = [now, session_id]
+        for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True), start=1):
+            params += [i, type_, step_id, text]
+        ctes.append((f"e AS (INSERT INTO {_EVENTS} (session_id, seq, type, turn_id, step_id, payload, created_at) "
+                     f"SELECT sid.v, s.last_seq - {n} + v.ord, v.type, t.id, v.step_id, v.payload, %s "
+                     f"FROM s, t, (SELECT %s::uuid AS v) AS sid, "
+                     f"(VALUES {values}) AS v(ord, type, step_id, payload))", params))
+    changed = []
+    for k, change in enumerate(step_changes):
+        sets, params = [], []
+        for name, value in {**change.fields, "updated_at": now}.items():
+            field = Step._meta.get_field(name)
+            sets.append(f"{quote(field.column)} = %s")  # type: ignore[union-attr,arg-type]
+            params.append(field.get_db_prep_save(value, connection))  # type: ignore[union-attr]
+        ctes.append((f"u{k} AS (UPDATE {steps} SET {', '.join(sets)} FROM s "
+                     f"WHERE {steps}.id = %s AND {steps}.status = %s RETURNING {steps}.id)",
+                     [*params, change.step_id, change.from_status]))
+        changed.append(f"(SELECT count(*) FROM u{k})")
+    if step_inserts:
+        query = InsertQuery(Step)
+        query.insert_values(Step._meta.concrete_fields, list(step_inserts))
+        ((insert_sql, insert_params),) = query.get_compiler(connection=connection).as_sql()
+        ctes.append((f"i AS ({insert_sql})", list(insert_params)))
+    sql = (f"WITH {', '.join(text for text, _ in ctes)} SELECT last_seq, {returned}, (SELECT count(*) FROM t), "
+           f"{' + '.join(changed) or '0'} FROM s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [p for _, params in ctes for p in params])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if not row[-2]:
+        raise NotFound(f"No turn {turn_id} in session {session_id}")
+    return (*row[:-2], row[-1])
 
 
 def session_lock_fetch(session_id: uuid.UUID | str) -> AgentSession | None:

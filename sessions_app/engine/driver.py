@@ -1,9 +1,10 @@
 """One engine tick: lock the session, decide the one next action, claim it, do it or hand it off.
 
-Read-only tools that need no sandbox run inline and the loop continues in the same task; a
-task ends where the design needs it: a sandboxed command (queue ``sandbox``), a model call
-(queue ``llm``, unless we are already on it), an approval, a client tool, a budget, or the
-inline limit (then it re-enqueues itself).
+A model step claimed on the llm queue runs through ``inline.run``: a reply that asks only for
+read-only tools that need no sandbox runs them at once, is recorded in one write and the next
+model call follows in the same task. A task ends where the design needs it: a sandboxed command
+(queue ``sandbox``), a model call (queue ``llm``, unless we are already on it), an approval, a
+client tool, a budget, or the inline limit (then it re-enqueues itself).
 """
 
 import logging
@@ -13,17 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from sessions_app.engine import llm, tools
-from sessions_app.engine.state import step_claim, step_create_claimed, turn_fail, turn_move
+from sessions_app.engine import inline, llm, tools
+from sessions_app.engine.state import (
+    budget_exceeded,
+    session_counters,
+    step_claim,
+    step_create_claimed,
+    turn_fail,
+    turn_move,
+)
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import event_record, session_lock_fetch, step_transition
+from sessions_app.services import event_record, session_lock_fetch
 
 log = logging.getLogger(__name__)
 
 INLINE_SECONDS = 30.0  # a tick hands over to a fresh task after this long
-MODEL_LEASE_SECONDS = llm.MODEL_TIMEOUT_SECONDS * (1 + len(llm.RETRY_DELAYS)) + 30
 
 
 @dataclass
@@ -40,22 +46,6 @@ class Next:
     @property
     def session_id(self) -> uuid.UUID | None:
         return self.session.id if self.session is not None else (self.step.session_id if self.step else None)
-
-
-def _budget_exceeded(session: AgentSession, turn: Turn, *, before: str) -> tuple[str, int, float] | None:
-    wall = session.wall_seconds + ((timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0)
-    checks: list[tuple[str, int | None, float]] = [
-        ("max_tokens", session.max_tokens, session.prompt_tokens + session.completion_tokens),
-        ("max_wall_seconds", session.max_wall_seconds, wall),
-    ]
-    if before == "model":
-        checks.append(("max_model_calls", session.max_model_calls, session.model_calls))
-    if before == "tool":
-        checks.append(("max_tool_calls", session.max_tool_calls, session.tool_calls))
-    for name, limit, used in checks:
-        if limit is not None and used >= limit:
-            return name, limit, used
-    return None
 
 
 def _fail_budget(turn: Turn, budget: tuple[str, int, float]) -> None:
@@ -114,7 +104,7 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
         approved = [s for s in tool_steps if s.status == Step.Status.APPROVED]
         if approved:
             _sync_turn(turn, Turn.Status.RUNNING)
-            budget = _budget_exceeded(session, turn, before="tool")
+            budget = budget_exceeded(session_counters(session), turn.started_at, before="tool")
             if budget:
                 _fail_budget(turn, budget)
                 return Next("done")
@@ -136,20 +126,20 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
             output = str((last_model.message or {}).get("content") or "")
             turn_move(turn.id, Turn.Status.COMPLETED, output_text=output)
             return Next("done")
-        budget = _budget_exceeded(session, turn, before="model")
+        budget = budget_exceeded(session_counters(session), turn.started_at, before="model")
         if budget:
             _fail_budget(turn, budget)
             return Next("done")
         index = max([s.index for s in tool_steps] + [last_model.index if last_model else -1]) + 1
         if claim_model:  # created already claimed: no planned row to claim a moment later
-            step = step_create_claimed(session=session, turn=turn, index=index, lease_seconds=MODEL_LEASE_SECONDS)
+            step = step_create_claimed(session=session, turn=turn, index=index, lease_seconds=llm.model_lease_seconds())
             return Next("model_claimed", step.id, step)
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
         return Next("model", step.id, step)
 
 
 def _claim_model(step: Step) -> Step | None:
-    return step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
+    return step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
                       event_type="model.started", known=step)
 
 
@@ -160,31 +150,14 @@ def _sync_turn(turn: Turn, to: str) -> None:
 
 
 def run_model_step(step_id: uuid.UUID | str, step: Step | None = None) -> bool:
-    """Claim a planned model step, call the model, record the reply. False when not ours."""
-    claimed = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=MODEL_LEASE_SECONDS,
+    """Claim a planned model step, call the model, record the reply (and run what follows inline).
+    False when not ours."""
+    claimed = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
                          event_type="model.started", known=step)
     if claimed is None:
         return False
-    run_claimed_model_step(claimed)
+    inline.run(claimed, deadline=time.monotonic() + INLINE_SECONDS)
     return True
-
-
-def run_claimed_model_step(step: Step) -> None:
-    """Call the model for a step this worker claimed and record the reply (or the failure)."""
-    try:
-        reply = llm.call_model(step)
-    except llm.ModelCallFailed as exc:
-        with transaction.atomic():
-            step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="model.failed",
-                            event_payload={"error_code": exc.code, "error": exc.message[:500]},
-                            error_code=exc.code, error_message=exc.message[:2000])
-            turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
-        return
-    try:
-        llm.record_reply(step=step, reply=reply)
-    except Exception:
-        log.exception("recording the reply of step %s failed", step.id)
-        raise
 
 
 def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
@@ -202,7 +175,7 @@ def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
             return
         if nxt.action == "model_claimed":
             assert nxt.step is not None
-            run_claimed_model_step(nxt.step)
+            inline.run(nxt.step, deadline=started + INLINE_SECONDS)
             continue
         if nxt.action == "tool_claimed":
             assert nxt.step is not None and nxt.session is not None

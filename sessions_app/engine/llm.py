@@ -15,10 +15,12 @@ from typing import Any
 
 import openai
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from agentops.domain import joins_transaction
+from sessions_app.engine.state import turn_fail
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
 from sessions_app.services import event_record, session_lock, step_transition
 from tools_app.selectors import tool_definitions_by_name
@@ -26,8 +28,13 @@ from tools_app.selectors import tool_definitions_by_name
 log = logging.getLogger(__name__)
 
 DELTA_INTERVAL_SECONDS = 0.1  # coalesce streamed text: at most ~10 model.delta events a second
-MODEL_TIMEOUT_SECONDS = 120.0
 RETRY_DELAYS = (0.2, 0.8, 2.0)
+
+
+def model_lease_seconds() -> float:
+    """A model step's lease outlives every attempt of its call, plus the lease margin."""
+    timeout = float(settings.AGENTOPS_MODEL_TIMEOUT_SECONDS)
+    return timeout * (1 + len(RETRY_DELAYS)) + sum(RETRY_DELAYS) + float(settings.AGENTOPS_LEASE_SECONDS)
 
 _clients: dict[tuple[str, str], openai.OpenAI] = {}
 _clients_lock = threading.Lock()
@@ -47,7 +54,7 @@ def client_for(profile: AgentProfile) -> openai.OpenAI:
         if key not in _clients:
             # Our own bounded retries (below) record each attempt; the SDK's would hide them.
             _clients[key] = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                          timeout=MODEL_TIMEOUT_SECONDS)
+                                          timeout=float(settings.AGENTOPS_MODEL_TIMEOUT_SECONDS))
         return _clients[key]
 
 
@@ -180,10 +187,17 @@ def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, An
     return reply
 
 
-def call_model(step: Step) -> ModelReply:
-    """Call the profile's endpoint with bounded retries. Raises ModelCallFailed."""
-    session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
-    messages = build_messages(session)
+def call_model(step: Step, *, session: AgentSession | None = None,
+               messages: list[dict[str, Any]] | None = None) -> ModelReply:
+    """Call the profile's endpoint with bounded retries. Raises ModelCallFailed.
+
+    ``session`` (with its agent) and ``messages`` are what the caller holds already; without them
+    both are read from the database.
+    """
+    if session is None:
+        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+    if messages is None:
+        messages = build_messages(session)
     tools = tools_param(session.agent)
     client = client_for(session.agent)
     last_error = ""
@@ -217,15 +231,52 @@ def call_model(step: Step) -> ModelReply:
                           retryable=True)
 
 
-@joins_transaction
-def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
-    """Store the assistant message, usage and the planned tool steps in one transaction."""
-    session_lock(step.session_id)
+def assistant_message(reply: ModelReply) -> dict[str, Any]:
+    """The assistant message as stored and replayed: content, and the tool calls with their ids."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
     if reply.tool_calls:
         message["tool_calls"] = [{"id": c["id"] or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
                                  for c in reply.tool_calls]
+    return message
+
+
+def reply_event_payload(step: Step, message: dict[str, Any], reply: ModelReply) -> dict[str, Any]:
+    return {"status": Step.Status.COMPLETED, "index": step.index, "kind": step.kind, "tool": step.tool_name,
+            "content": reply.content, "tool_calls": message.get("tool_calls", []),
+            "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}}
+
+
+def record_failure(step: Step, exc: ModelCallFailed) -> None:
+    """The model call of a claimed step failed for good: fail the step and its turn."""
+    with transaction.atomic():
+        step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="model.failed",
+                        event_payload={"error_code": exc.code, "error": exc.message[:500]},
+                        error_code=exc.code, error_message=exc.message[:2000])
+        turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
+
+
+def planned_calls(message: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], str]]:
+    """(tool name, call id, arguments, error) per tool call of an assistant message; error says
+    why the arguments are unusable (the gate fails such a step before anyone is asked about it)."""
+    calls = []
+    for call in message.get("tool_calls", []):
+        error = ""
+        try:
+            arguments = json.loads(call["function"]["arguments"] or "{}")
+        except json.JSONDecodeError as exc:
+            arguments, error = {}, f"The arguments are not valid JSON ({exc}): {call['function']['arguments'][:300]}"
+        if not isinstance(arguments, dict) and not error:
+            arguments, error = {}, f"The arguments must be a JSON object: {call['function']['arguments'][:300]}"
+        calls.append((call["function"]["name"], call["id"], arguments, error))
+    return calls
+
+
+@joins_transaction
+def record_reply(*, step: Step, reply: ModelReply, message: dict[str, Any] | None = None) -> list[Step]:
+    """Store the assistant message, usage and the planned tool steps in one transaction."""
+    session_lock(step.session_id)
+    message = message or assistant_message(reply)
     step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
                     event_type="model.completed",
                     event_payload={"content": reply.content, "tool_calls": message.get("tool_calls", []),
@@ -237,19 +288,10 @@ def record_reply(*, step: Step, reply: ModelReply) -> list[Step]:
         completion_tokens=F("completion_tokens") + reply.completion_tokens)
     Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
                                                  completion_tokens=F("completion_tokens") + reply.completion_tokens)
-    planned: list[Step] = []
     modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
-    for i, call in enumerate(message.get("tool_calls", []), start=1):
-        name = call["function"]["name"]
-        error = ""
-        try:
-            arguments = json.loads(call["function"]["arguments"] or "{}")
-        except json.JSONDecodeError as exc:
-            arguments, error = {}, f"The arguments are not valid JSON ({exc}): {call['function']['arguments'][:300]}"
-        # The gate fails a step with invalid arguments before anyone is asked to approve it.
-        planned.append(Step.objects.create(
-            session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
-            tool_name=name, call_id=call["id"], arguments=arguments, error_message=error,
-            error_code="invalid_arguments" if error else "",
-            approval_mode=modes.get(name, "mutating"), idempotency_key=f"{step.turn_id}:{call['id']}"))
-    return planned
+    return [Step.objects.create(
+        session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
+        tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
+        error_code="invalid_arguments" if error else "",
+        approval_mode=modes.get(name, "mutating"), idempotency_key=f"{step.turn_id}:{call_id}")
+        for i, (name, call_id, arguments, error) in enumerate(planned_calls(message), start=1)]

@@ -3,7 +3,8 @@
 import socket
 import threading
 import uuid
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +13,13 @@ from django.utils import timezone
 
 from agentops.domain import joins_transaction
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import event_record, session_lock, session_transition, turn_transition
+from sessions_app.services import (
+    SESSION_RECORD_FIELDS,
+    event_record,
+    session_lock,
+    session_transition,
+    turn_transition,
+)
 
 TURN_TO_SESSION = {
     Turn.Status.QUEUED: AgentSession.Status.IN_PROGRESS,
@@ -65,6 +72,29 @@ def _cancel_approvals(turn_id: uuid.UUID) -> None:
     from approvals_app.services import approvals_cancel_for_turn
 
     approvals_cancel_for_turn(turn_id=turn_id)
+
+
+def session_counters(session: AgentSession) -> dict[str, Any]:
+    """The counters and budgets of a session row, as ``session_record`` returns them."""
+    return {name: getattr(session, name) for name in SESSION_RECORD_FIELDS}
+
+
+def budget_exceeded(counters: Mapping[str, Any], started_at: datetime | None, *,
+                    before: str) -> tuple[str, int, float] | None:
+    """The budget a model call (``before="model"``) or a tool call (``"tool"``) would cross, if any."""
+    wall = counters["wall_seconds"] + ((timezone.now() - started_at).total_seconds() if started_at else 0)
+    checks: list[tuple[str, int | None, float]] = [
+        ("max_tokens", counters["max_tokens"], counters["prompt_tokens"] + counters["completion_tokens"]),
+        ("max_wall_seconds", counters["max_wall_seconds"], wall),
+    ]
+    if before == "model":
+        checks.append(("max_model_calls", counters["max_model_calls"], counters["model_calls"]))
+    if before == "tool":
+        checks.append(("max_tool_calls", counters["max_tool_calls"], counters["tool_calls"]))
+    for name, limit, used in checks:
+        if limit is not None and used >= limit:
+            return name, limit, used
+    return None
 
 
 def lease_seconds_for(timeout_seconds: int) -> float:

@@ -217,7 +217,7 @@ def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
                           network=tool.network if tool else "none",
                           idempotency_key=step.idempotency_key or str(step.id),
                           should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest)
-    _failpoint_after_tool(step.tool_name)
+    failpoint_after_tool(step.tool_name)
     payload = result.to_dict()
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
@@ -225,14 +225,17 @@ def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
     return record_tool_result(step=step, result=payload, workspace=workspace)
 
 
-def _failpoint_after_tool(tool_name: str) -> None:
+def failpoint_after_tool(tool_name: str) -> None:
     """Fault injection for the recovery tests: ``AGENTOPS_FAILPOINT_AFTER_TOOL=send_email:30`` holds
     the worker for 30 s after the tool's effect and before its result is recorded, the window in
-    which a crash leaves the outcome unknown. Unset in production."""
+    which a crash leaves the outcome unknown; ``AGENTOPS_FAILPOINT_MARKER=<path>`` is touched when
+    it holds, so a test knows when to kill. Unset in production."""
     spec = os.environ.get("AGENTOPS_FAILPOINT_AFTER_TOOL", "")
     name, _, seconds = spec.partition(":")
     if name and name == tool_name:
         log.warning("failpoint: holding %s for %ss after its effect", tool_name, seconds)
+        if os.environ.get("AGENTOPS_FAILPOINT_MARKER"):
+            Path(os.environ["AGENTOPS_FAILPOINT_MARKER"]).touch()
         time.sleep(float(seconds or 30))
 
 
@@ -251,7 +254,7 @@ def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | 
                 step_id=step.id, session_id=step.session_id, known=step,
                 to=Step.Status.COMPLETED if ok else Step.Status.FAILED,
                 event_type="tool.completed" if ok else "tool.failed",
-                event_payload={"result": _event_result(result)}, result=result,
+                event_payload={"result": event_result(result)}, result=result,
                 error_code="" if ok else str(result.get("error_code", "tool_error")),
                 error_message="" if ok else str(result.get("error_message", ""))[:2000])
             AgentSession.objects.filter(pk=step.session_id).update(tool_calls=F("tool_calls") + 1)
@@ -263,7 +266,7 @@ def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | 
     return moved
 
 
-def _event_result(result: dict[str, Any]) -> dict[str, Any]:
+def event_result(result: dict[str, Any]) -> dict[str, Any]:
     keep = ("status", "output", "exit_code", "duration_ms", "files_changed", "error_code", "error_message",
             "reviewer_note")
     out = {k: result.get(k) for k in keep if k in result}

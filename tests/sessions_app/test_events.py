@@ -117,3 +117,116 @@ def test_event_record_survives_redis_down(settings) -> None:  # type: ignore[no-
         assert announce.announce_event(event.as_dict()) is False
     finally:
         channel_layers.backends.clear()
+
+
+# --- session_record: one outcome of a turn in one write ---------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_session_record_appends_events_counters_and_steps_together() -> None:
+    from sessions_app.models import AgentSession, Step, Turn
+    from sessions_app.services import StepChange, session_record
+
+    session = factories.session()
+    turn = factories.turn(session)
+    running = factories.step(turn, kind="model", tool_name="", index=0)
+    Step.objects.filter(pk=running.pk).update(status="running")
+    before = event_record(session_id=session.id, type="custom.before").seq
+    new = Step(session_id=session.id, turn_id=turn.id, index=1, kind="tool", tool_name="list_files",
+               status="completed", result={"output": "a.txt"})
+    with transaction.atomic():
+        counters = session_record(
+            session_id=session.id, turn_id=turn.id,
+            events=[("model.completed", running.id, {"n": 1}), ("tool.completed", new.id, {"n": 2})],
+            step_changes=[StepChange(running.id, "running", {"status": "completed", "message": {"role": "x"}})],
+            step_inserts=[new], model_calls=1, tool_calls=1, prompt_tokens=30, completion_tokens=4)
+    assert counters is not None
+    assert counters["steps_changed"] == 1
+    assert (counters["model_calls"], counters["tool_calls"], counters["prompt_tokens"]) == (1, 1, 30)
+    events = list(Event.objects.filter(session_id=session.id, seq__gt=before).order_by("seq"))
+    assert [(e.seq, e.type, e.step_id, e.turn_id, e.payload) for e in events] == [
+        (before + 1, "model.completed", running.id, turn.id, {"n": 1}),
+        (before + 2, "tool.completed", new.id, turn.id, {"n": 2})]
+    assert _seqs(session.id) == list(range(1, before + 3))
+    assert Step.objects.get(pk=running.pk).status == "completed"
+    assert Step.objects.get(pk=running.pk).message == {"role": "x"}
+    assert Step.objects.get(pk=new.pk).result == {"output": "a.txt"}
+    row = AgentSession.objects.get(pk=session.pk)
+    assert (row.model_calls, row.tool_calls, row.prompt_tokens, row.completion_tokens, row.last_seq) == (
+        1, 1, 30, 4, before + 2)
+    assert Turn.objects.values_list("prompt_tokens", "completion_tokens").get(pk=turn.pk) == (30, 4)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_session_record_step_change_applies_only_from_its_status() -> None:
+    from sessions_app.models import Step
+    from sessions_app.services import StepChange, session_record
+
+    session = factories.session()
+    turn = factories.turn(session)
+    step = factories.step(turn, kind="model", tool_name="", index=0)
+    Step.objects.filter(pk=step.pk).update(status="cancelled")
+    with transaction.atomic():
+        counters = session_record(session_id=session.id, turn_id=turn.id, events=[("model.completed", step.id, {})],
+                                  step_changes=[StepChange(step.id, "running", {"status": "completed"})])
+        assert counters is not None and counters["steps_changed"] == 0
+        transaction.set_rollback(True)  # what the engine does when its step moved meanwhile
+    assert Step.objects.get(pk=step.pk).status == "cancelled"
+    assert not Event.objects.filter(session_id=session.id, type="model.completed").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_session_record_unknown_turn_or_session_changes_nothing() -> None:
+    from agentops.domain import NotFound
+    from sessions_app.models import AgentSession
+    from sessions_app.services import session_record
+
+    session = factories.session()
+    other_turn = factories.turn(factories.session())
+    last = AgentSession.objects.get(pk=session.pk).last_seq
+    with pytest.raises(NotFound), transaction.atomic():
+        session_record(session_id=session.id, turn_id=other_turn.id, events=[("custom.x", None, {})], tool_calls=1)
+    row = AgentSession.objects.get(pk=session.pk)
+    assert (row.last_seq, row.tool_calls) == (last, 0)
+    assert _seqs(session.id) == list(range(1, last + 1))
+    with transaction.atomic():
+        assert session_record(session_id=uuid.uuid4(), turn_id=other_turn.id, events=[("custom.x", None, {})]) is None
+
+
+@requires_postgres()
+@pytest.mark.django_db(transaction=True)
+def test_session_record_and_event_record_concurrent_writers_gap_free() -> None:
+    from sessions_app.models import AgentSession
+    from sessions_app.services import session_record
+
+    session = factories.session()
+    turn = factories.turn(session)
+    start = _seqs(session.id)
+    threads_n, per_thread = 6, 20
+    barrier = threading.Barrier(threads_n)
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(per_thread):
+                with transaction.atomic():
+                    if k % 2:
+                        session_record(session_id=session.id, turn_id=turn.id, tool_calls=1,
+                                       events=[("custom.a", None, {"t": k, "i": i}), ("custom.b", None, {})])
+                    else:
+                        event_record(session_id=session.id, type="custom.one", payload={"t": k, "i": i})
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    writers_of_two = threads_n // 2
+    expected = len(start) + per_thread * (writers_of_two * 2 + (threads_n - writers_of_two))
+    assert _seqs(session.id) == list(range(1, expected + 1))
+    assert AgentSession.objects.get(pk=session.pk).tool_calls == writers_of_two * per_thread

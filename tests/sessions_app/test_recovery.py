@@ -40,12 +40,13 @@ WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFactory]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(*, failpoint: str = "", beat: bool = False) -> subprocess.Popen[bytes]:
+    def spawn(*, failpoint: str = "", beat: bool = False, marker: Path | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_SWEEP_SECONDS": "0.5",
-               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint}
+               # Short leases: a model step's is 4 x 1 s + the retry delays + 1 s.
+               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "1", "AGENTOPS_SWEEP_SECONDS": "0.5",
+               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
         env.pop("DATABASE_TEST_NAME", None)
         args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
                 "--pool", "threads", "-c", "4", "-l", "warning", "-n", f"w{len(procs)}@%h"]
@@ -165,3 +166,29 @@ def test_recovery_worker_killed_before_command_changed_anything_retries_it(
     assert (workspace / "count.txt").read_text() == "ran\n"
     assert not ApprovalRequest.objects.filter(turn=turn, kind="recovery").exists()
     assert Step.objects.get(pk=approval.step_id).attempts == 2
+
+
+def test_recovery_worker_killed_during_inline_read_only_calls_reruns_the_model_step(
+        worker_process: WorkerFactory, scripted_model_url: str, tmp_path: Path) -> None:
+    """Read-only calls run inline before anything of their reply is recorded: a worker lost there
+    leaves the model step's lease to expire, and the model call (and so the calls) run again."""
+    agent, operator, _reviewer = _setup(scripted_model_url)
+    marker = tmp_path / "held"
+    first = worker_process(failpoint="list_files:60", marker=marker)
+    call = 'tool list_files {"path": "."}'
+    _session, turn = session_start(agent=agent, owner=operator, input=f"{call}\n{call}\nsay {{results}}")
+    assert turn is not None
+    wait_for(marker.exists, 60, "the worker held after list_files ran")
+    model_step = Step.objects.get(turn=turn, index=0)
+    assert model_step.status == "running"
+    assert not Step.objects.filter(turn=turn, kind="tool").exists()  # nothing of the reply is recorded yet
+    _kill(first)
+    worker_process(beat=True)
+    turn = _finished(turn, timeout=90)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status", "attempts"))
+    assert steps == [("model", "completed", 2), ("tool", "completed", 1), ("model", "completed", 1),
+                     ("tool", "completed", 1), ("model", "completed", 1)]
+    assert Event.objects.filter(step_id=model_step.id, type="step.recovered", payload__outcome="retry").exists()
+    assert turn.output_text.count("list_files:") == 2
+    _gap_free(turn)

@@ -1,0 +1,193 @@
+"""The engine's inline path: read-only tool calls run where the model step ran and are recorded
+with the reply in one write. Driven in-process through ``driver.advance`` (the llm task's body)
+against the database and the scripted model over HTTP; cancel and approvals through a real
+Celery worker."""
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from approvals_app.models import ApprovalRequest
+from approvals_app.services import approval_decide
+from sessions_app.engine import driver, llm, tools
+from sessions_app.engine.services import session_cancel, session_start
+from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
+from sessions_app.services import session_create, turn_create
+from tests import factories
+from tests.waiting import wait_for
+from tools_app.selectors import tool_definitions_cache_clear
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def tool(name: str, **arguments: Any) -> str:
+    return f"tool {name} {json.dumps(arguments)}"
+
+
+@pytest.fixture
+def owner(transactional_db: None) -> User:
+    return factories.user("olga", groups=["operators"])
+
+
+def run_turn(agent: AgentProfile, owner: User, text: str, **budget: int) -> Turn:
+    """Create a session and a turn and drive it in this process, as the llm worker does."""
+    session = session_create(agent=agent, owner=owner, title="inline", budget=budget or None)
+    turn = turn_create(session_id=session.id, input=text, actor=owner)
+    driver.advance(turn.id, on_llm_worker=True)
+    return Turn.objects.get(pk=turn.pk)
+
+
+def engine_events(session_id: Any) -> list[str]:
+    return [t for t in Event.objects.filter(session_id=session_id).order_by("seq").values_list("type", flat=True)
+            if t.split(".")[0] in ("model", "tool") and t != "model.delta"]
+
+
+def assert_gap_free(session_id: Any) -> None:
+    seqs = list(Event.objects.filter(session_id=session_id).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_inline_read_only_turn_records_every_step_and_counter(engine_agent: AgentProfile, owner: User) -> None:
+    engine_agent.starter_files = {"notes/a.txt": "alpha\n", "notes/b.txt": "beta\n"}
+    engine_agent.save()
+    turn = run_turn(engine_agent, owner, "\n".join([
+        tool("list_files", path="notes"),
+        "parallel", tool("read_file", path="notes/a.txt"), tool("read_file", path="notes/b.txt"), "end",
+        tool("list_files", path="missing"),
+        "say seen: {results}"]))
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert "read_file: alpha" in turn.output_text and "read_file: beta" in turn.output_text
+    assert "list_files: [error:" in turn.output_text  # a failed read-only call is reported, the turn goes on
+    assert engine_events(turn.session_id) == [
+        "model.started", "model.completed", "tool.started", "tool.completed",
+        "model.started", "model.completed", "tool.started", "tool.completed", "tool.started", "tool.completed",
+        "model.started", "model.completed", "tool.started", "tool.failed",
+        "model.started", "model.completed"]
+    steps = list(Step.objects.filter(turn=turn).order_by("index"))
+    assert [s.index for s in steps] == list(range(len(steps)))
+    assert [(s.kind, s.status) for s in steps] == [
+        ("model", "completed"), ("tool", "completed"), ("model", "completed"), ("tool", "completed"),
+        ("tool", "completed"), ("model", "completed"), ("tool", "failed"), ("model", "completed")]
+    assert all(s.lease_owner == "" and s.lease_expires_at is None and s.finished_at for s in steps)
+    assert all(s.attempts == 1 and s.approval_mode == "safe_readonly" for s in steps if s.kind == "tool")
+    session = AgentSession.objects.get(pk=turn.session_id)
+    model_steps = [s for s in steps if s.kind == "model"]
+    assert (session.tool_calls, session.model_calls) == (4, 4)
+    assert session.prompt_tokens == sum(s.prompt_tokens for s in model_steps) == turn.prompt_tokens > 0
+    assert session.completion_tokens == sum(s.completion_tokens for s in model_steps) == turn.completion_tokens
+    assert session.status == "idle"
+    assert not ApprovalRequest.objects.filter(session=session).exists()
+    assert_gap_free(turn.session_id)
+
+
+def test_inline_history_kept_in_memory_is_what_the_database_holds(engine_agent: AgentProfile, owner: User,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each model call gets the history the worker kept in memory; it must equal a rebuild from the
+    database at that moment (what a fresh worker would send)."""
+    seen: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    call_model = llm.call_model
+
+    def spy(step: Step, **kwargs: Any) -> llm.ModelReply:
+        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+        seen.append((json.loads(json.dumps(kwargs.get("messages"))), llm.build_messages(session)))
+        return call_model(step, **kwargs)
+
+    monkeypatch.setattr(llm, "call_model", spy)
+    engine_agent.starter_files = {"a.txt": "one\n"}
+    engine_agent.save()
+    turn = run_turn(engine_agent, owner, "\n".join([
+        tool("list_files", path="."), "parallel", tool("read_file", path="a.txt"), tool("list_files", path="."),
+        "end", tool("read_file", path="nope.txt"), "say ok"]))
+    assert turn.status == "completed"
+    assert len(seen) == 4
+    for in_memory, rebuilt in seen:
+        assert in_memory == rebuilt
+    assert len(seen[-1][0]) == 2 + 2 + 3 + 2  # system, user, then each reply with its results (1, 2, 1 calls)
+
+
+def test_inline_writes_per_step_stay_flat_as_the_history_grows(engine_agent: AgentProfile, owner: User) -> None:
+    def queries(n: int) -> int:
+        # Start each run with the short-lived caches of tool definitions empty: every run refills them alike.
+        tool_definitions_cache_clear()
+        llm._tools_cache.clear()
+        tools._allowed_cache.clear()
+        with CaptureQueriesContext(connection) as captured:
+            turn = run_turn(engine_agent, owner, "\n".join([tool("list_files", path=".")] * n + ["say done"]))
+        assert turn.status == "completed"
+        return len(captured.captured_queries)
+
+    q4, q12, q20 = queries(4), queries(12), queries(20)
+    per_step = (q12 - q4) / 8
+    assert q20 - q12 == q12 - q4, (q4, q12, q20)  # the same cost for step 5 and step 20
+    if connection.vendor == "postgresql":
+        assert per_step <= 3, per_step  # BEGIN, one statement, COMMIT
+
+
+def test_inline_parallel_calls_that_would_cross_the_tool_budget_hand_over(engine_agent: AgentProfile,
+                                                                         owner: User) -> None:
+    turn = run_turn(engine_agent, owner, "\n".join([
+        "parallel", tool("list_files", path="."), tool("list_files", path="."), tool("list_files", path="."), "end",
+        "say never"]), max_tool_calls=2)
+    assert turn.status == "failed" and turn.error_code == "budget_exceeded"
+    statuses = list(Step.objects.filter(turn=turn, kind="tool").order_by("index").values_list("status", flat=True))
+    assert statuses == ["completed", "completed", "failed"]
+    event = Event.objects.get(session_id=turn.session_id, type="budget.exceeded")
+    assert event.payload["budget"] == "max_tool_calls"
+    assert AgentSession.objects.get(pk=turn.session_id).tool_calls == 2
+    assert_gap_free(turn.session_id)
+
+
+def test_inline_model_call_budget_stops_before_the_next_call(engine_agent: AgentProfile, owner: User) -> None:
+    turn = run_turn(engine_agent, owner, "\n".join([tool("list_files", path=".")] * 3 + ["say never"]),
+                    max_model_calls=2)
+    assert turn.status == "failed" and turn.error_code == "budget_exceeded"
+    assert Event.objects.get(session_id=turn.session_id, type="budget.exceeded").payload["budget"] == "max_model_calls"
+    steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status"))
+    assert steps == [("model", "completed"), ("tool", "completed"), ("model", "completed"), ("tool", "completed")]
+    assert_gap_free(turn.session_id)
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_inline_cancel_while_the_model_answers_records_nothing_after_it(engine_agent: AgentProfile,
+                                                                        owner: User) -> None:
+    session, turn = session_start(agent=engine_agent, owner=owner, input="\n".join([
+        tool("list_files", path="."), "sleep 1500", tool("list_files", path="."), "say never"]))
+    assert turn is not None
+    wait_for(lambda: Event.objects.filter(session=session, type="tool.completed").exists(), 30, "the first result")
+    wait_for(lambda: Step.objects.filter(turn=turn, kind="model", index=2, status="running").exists(), 30,
+             "the second model call")
+    session_cancel(session_id=session.id, actor=owner)
+    # The reply arrives after the cancel: its write finds the step cancelled and records nothing.
+    wait_for(lambda: Event.objects.filter(session=session, type="model.cancelled").exists(), 30, "the cancel")
+    import time
+
+    time.sleep(2.5)
+    assert Turn.objects.get(pk=turn.pk).status == "cancelled"
+    steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status"))
+    assert steps == [("model", "completed"), ("tool", "completed"), ("model", "cancelled")]
+    assert Event.objects.filter(session=session, type="model.completed").count() == 1
+    assert AgentSession.objects.get(pk=session.pk).status == "idle"
+    assert_gap_free(session.id)
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_inline_batch_with_a_mutating_call_goes_through_the_gate(engine_agent: AgentProfile, owner: User) -> None:
+    reviewer = factories.user("ruth", groups=["reviewers"])
+    session, turn = session_start(agent=engine_agent, owner=owner, input="\n".join([
+        "parallel", tool("list_files", path="."), tool("run_command", command="echo hi"), "end",
+        "say got: {results}"]))
+    assert turn is not None
+    approval = wait_for(lambda: ApprovalRequest.objects.filter(turn=turn, status="pending").first(), 30,
+                        "the approval request")
+    assert approval.tool_name == "run_command"
+    approval_decide(request_id=approval.request_id, actor=reviewer, decision="approve",
+                    seen_hash=approval.arguments_sha256)
+    done = wait_for(lambda: (lambda t: t if not t.is_active else None)(Turn.objects.get(pk=turn.pk)), 60,
+                    "the turn to finish")
+    assert done.status == "completed", (done.error_code, done.error_message)
+    assert "list_files:" in done.output_text and "run_command: hi" in done.output_text
+    assert_gap_free(session.id)
