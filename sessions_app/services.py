@@ -270,13 +270,15 @@ def _db_uuid(value: uuid.UUID | str) -> str:
 # --- transitions -------------------------------------------------------------------------
 
 def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | None = None,
-                session_id: uuid.UUID | str | None = None, known: M | None = None) -> tuple[M, bool]:
+                session_id: uuid.UUID | str | None = None, known: M | None = None,
+                set_once: tuple[str, ...] = ()) -> tuple[M, bool]:
     """Lock, check and move one row. Returns (row, changed). Call inside atomic().
 
     ``known`` is the row as the caller last read it: when its status still holds (a conditional
     update says so) the move costs one query; otherwise the row is re-read under the lock.
+    Fields named in ``set_once`` are written only while the row has none.
     """
-    if known is not None and known.status != to and known.can_move_to(to):
+    if known is not None and known.status != to and known.can_move_to(to) and not set_once:
         session_lock(known.session_id if model is not AgentSession else known.pk)  # type: ignore[attr-defined]
         now = timezone.now()
         changes = {"status": to, "updated_at": now, **(fields or {})}
@@ -298,6 +300,8 @@ def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | No
     obj.status = to
     update_fields = ["status", "updated_at"]
     for name, value in (fields or {}).items():
+        if name in set_once and getattr(obj, name) is not None:
+            continue
         setattr(obj, name, value)
         update_fields.append(name)
     obj.save(update_fields=update_fields)
@@ -315,13 +319,16 @@ def session_transition(*, session_id: uuid.UUID | str, to: str) -> AgentSession:
 @joins_transaction
 def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID | str | None = None,
                     **fields: Any) -> Turn:
-    """Move a turn; stamps started/finished times and records ``turn.<status>`` events."""
+    """Move a turn; stamps started/finished times and records ``turn.<status>`` events.
+
+    ``started_at`` is the first start: a turn resumed after an approval keeps it, so its wall
+    time (and the wall-clock budget) counts from when it began, waits included."""
     now = timezone.now()
     if to == Turn.Status.RUNNING:
         fields.setdefault("started_at", now)
     if to in (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED):
         fields.setdefault("finished_at", now)
-    turn, changed = _transition(Turn, turn_id, to, fields, session_id=session_id)
+    turn, changed = _transition(Turn, turn_id, to, fields, session_id=session_id, set_once=("started_at",))
     if changed:
         payload: dict[str, Any] = {"status": to, "index": turn.index}
         if turn.error_code:
