@@ -61,4 +61,10 @@ def healthz_view(request: HttpRequest) -> JsonResponse:
     checks["sandbox"] = _check_sandbox()
     failing = [name for name in ("database", "redis", "workers") if not checks[name]["ok"]]
     body = {"status": "ok" if not failing else "degraded", "failing": failing, "checks": checks}
-    return JsonResponse(body, status=503 if failing else 200)
+    response = JsonResponse(body, status=503 if failing else 200)
+    if failing:
+        # One line that names what is down, instead of Django's "ERROR Service Unavailable" for every
+        # probe (a load balancer or `make run` waiting for the worker polls this).
+        log.warning("healthz: failing %s", ", ".join(failing))
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

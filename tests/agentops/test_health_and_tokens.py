@@ -1,3 +1,4 @@
+import logging
 import time
 
 import pytest
@@ -63,7 +64,11 @@ def test_healthz_503_names_redis_when_it_is_down(settings) -> None:  # type: ign
 
 
 @pytest.mark.django_db
-def test_healthz_503_names_workers_when_none_runs() -> None:
-    response = Client().get("/healthz")
+def test_healthz_503_names_workers_when_none_runs(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        response = Client().get("/healthz")
     assert response.status_code == 503
     assert response.json()["failing"] == ["workers"]
+    # One warning that names the failing part, not Django's ERROR "Service Unavailable" per probe.
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name in ("agentops.health", "django.request")] \
+        == [("WARNING", "healthz: failing workers")]
