@@ -39,7 +39,7 @@ class Next:
 
     action: str  # "done" | "wait" | "model_claimed" | "tool_claimed" | "model" | "tool"
     step_id: uuid.UUID | None = None
-    step: Step | None = None  # the row as decide() saw it, to spare the next query
+    step: Step | None = None  # claimed work: the row, claimed
     session: AgentSession | None = None
     approval: Any = None  # the approval a claimed tool step consumed
 
@@ -90,7 +90,7 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
             if claim_model:
                 claimed = _claim_model(last_model)
                 return Next("model_claimed", last_model.id, claimed) if claimed else Next("wait")
-            return Next("model", last_model.id, last_model)
+            return Next("model", last_model.id)
         batch_qs = Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                        index__gt=last_model.index if last_model else -1).order_by("index")
         tool_steps = list(batch_qs.all())
@@ -112,7 +112,7 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
             if claim_inline_tool and not tools.needs_sandbox_queue(step):
                 approval = tools.claim_tool_step_locked(step)
                 return Next("tool_claimed", step.id, step, session, approval)
-            return Next("tool", step.id, step, session)
+            return Next("tool", step.id)
         if Step.Status.AWAITING_APPROVAL in statuses or Step.Status.IN_DOUBT in statuses:
             _sync_turn(turn, Turn.Status.AWAITING_APPROVAL)
             return Next("wait")
@@ -135,7 +135,7 @@ def decide(turn_id: uuid.UUID | str, *, claim_model: bool = False, claim_inline_
             step = step_create_claimed(session=session, turn=turn, index=index, lease_seconds=llm.model_lease_seconds())
             return Next("model_claimed", step.id, step)
         step = Step.objects.create(session=session, turn=turn, index=index, kind=Step.Kind.MODEL)
-        return Next("model", step.id, step)
+        return Next("model", step.id)
 
 
 def _claim_model(step: Step) -> Step | None:
@@ -147,17 +147,6 @@ def _sync_turn(turn: Turn, to: str) -> None:
     if turn.status != to:
         turn_move(turn.id, to)
         turn.status = to
-
-
-def run_model_step(step_id: uuid.UUID | str, step: Step | None = None) -> bool:
-    """Claim a planned model step, call the model, record the reply (and run what follows inline).
-    False when not ours."""
-    claimed = step_claim(step_id=step_id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
-                         event_type="model.started", known=step)
-    if claimed is None:
-        return False
-    inline.run(claimed, deadline=time.monotonic() + INLINE_SECONDS)
-    return True
 
 
 def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
@@ -181,22 +170,14 @@ def advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
             assert nxt.step is not None and nxt.session is not None
             tools.run_claimed_tool_step(nxt.step, nxt.approval, nxt.session)
             continue
+        # Work for another task. A fresh tick on the llm worker has claimed any model call, and
+        # every fresh tick has claimed any tool that needs no sandbox: what is left is a model
+        # call seen from the engine queue, a sandboxed command, or anything past the inline budget.
         if not fresh:
             tasks.turn_advance_task.delay(str(turn_id))
-            return
-        assert nxt.step_id is not None
-        if nxt.action == "model":
-            if not on_llm_worker:
-                tasks.model_call_task.delay(str(nxt.step_id))
-                return
-            if not run_model_step(nxt.step_id, nxt.step):
-                return
-            continue
-        if nxt.action == "tool":
-            step = nxt.step or Step.objects.get(pk=nxt.step_id)
-            if tools.needs_sandbox_queue(step):
-                tasks.tool_run_task.delay(str(step.id))
-                return
-            tools.run_tool_step(step.id, step=step, session=nxt.session)
-            continue
+        elif nxt.action == "model":
+            tasks.model_call_task.delay(str(nxt.step_id))
+        else:
+            tasks.tool_run_task.delay(str(nxt.step_id))
+        return
 

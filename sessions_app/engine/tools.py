@@ -149,35 +149,31 @@ def _approval_for(step: Step) -> ApprovalRequest | None:
                                            status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
 
 
-def claim_tool_step(step_id: uuid.UUID | str, step: Step | None = None) -> tuple[Step, ApprovalRequest | None] | None:
-    """approved → running with a lease, consuming its approval in the same transaction."""
-    step = step or Step.objects.filter(pk=step_id).first()
-    if step is None or step.status != Step.Status.APPROVED:
+def claim_tool_step(step_id: uuid.UUID | str) -> tuple[Step, ApprovalRequest | None] | None:
+    """approved → running with a lease, consuming its approval in the same transaction.
+
+    None when the step is not approved (another worker has it) or the claim loses a race.
+    """
+    step = Step.objects.filter(pk=step_id, status=Step.Status.APPROVED).first()
+    if step is None:
         return None
-    tool = tool_definitions_by_name().get(step.tool_name)
-    timeout = tool.timeout_seconds if tool else 60
     with transaction.atomic():
-        claimed = step_claim(step_id=step_id, from_status=Step.Status.APPROVED,
-                             lease_seconds=lease_seconds_for(timeout), event_type="tool.started", known=step)
-        if claimed is None:
+        session_lock(step.session_id)
+        try:
+            approval = claim_tool_step_locked(step)
+        except Conflict:
+            # Claimed meanwhile, or its approval consumed already (a previous attempt ran it:
+            # never run it twice; the sweeper checks what really happened).
+            transaction.set_rollback(True)
             return None
-        # Only a step a reviewer was asked about has an approval to consume.
-        approval = None if claimed.approval_mode == ApprovalMode.SAFE_READONLY else _approval_for(claimed)
-        if approval is not None:
-            try:
-                approval_consume(request_id=approval.request_id)
-            except Conflict:
-                # Consumed already: a previous attempt ran it. Never run it twice: leave the
-                # step for the sweeper, which checks what really happened.
-                transaction.set_rollback(True)
-                return None
-    return claimed, approval
+    return step, approval
 
 
 def claim_tool_step_locked(step: Step) -> ApprovalRequest | None:
-    """approved → running for a step read under the session lock (so no one else can claim it).
+    """approved → running for a step of a session this transaction has locked.
 
-    Consumes its approval first; a Conflict (consumed already) aborts the caller's transaction.
+    Consumes its approval first (only a step a reviewer was asked about has one); raises
+    Conflict when it was consumed already or the step is no longer approved.
     """
     approval = None if step.approval_mode == ApprovalMode.SAFE_READONLY else _approval_for(step)
     if approval is not None:
@@ -187,18 +183,17 @@ def claim_tool_step_locked(step: Step) -> ApprovalRequest | None:
                          lease_seconds=lease_seconds_for(tool.timeout_seconds if tool else 60),
                          event_type="tool.started", known=step)
     if claimed is None:
-        raise Conflict(f"Step {step.id} changed under the session lock", code="claim_lost")
+        raise Conflict(f"Step {step.id} is no longer approved", code="claim_lost")
     return approval
 
 
-def run_tool_step(step_id: uuid.UUID | str, *, step: Step | None = None,
-                  session: AgentSession | None = None) -> Step | None:
+def run_tool_step(step_id: uuid.UUID | str) -> Step | None:
     """Claim, run and record one approved tool step. Returns None when another worker has it."""
-    claim = claim_tool_step(step_id, step)
+    claim = claim_tool_step(step_id)
     if claim is None:
         return None
     step, approval = claim
-    return run_claimed_tool_step(step, approval, session)
+    return run_claimed_tool_step(step, approval)
 
 
 def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
