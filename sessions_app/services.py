@@ -132,57 +132,63 @@ def session_record(*, session_id: uuid.UUID, turn_id: uuid.UUID,
     add = [int(counters.pop(name, 0)) for name in COUNTERS]
     if counters:
         raise TypeError(f"unknown counters {sorted(counters)}")
-    n = len(events)
     dumped = [json.dumps(payload, cls=DjangoJSONEncoder) for _, _, payload in events]
-    set_counters = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)
-    returned = ", ".join(SESSION_RECORD_FIELDS)
-    if connection.vendor == "postgresql":
-        row = _session_record_postgres(session_id, turn_id, now, n, add, events, dumped, step_changes,
-                                       step_inserts, set_counters, returned)
-        if row is None:
-            return None
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {set_counters} "
-                           f"WHERE id = %s RETURNING last_seq, {returned}",
-                           [n, *_last_event_at(now), *add, _db_uuid(session_id)])
-            fetched = cursor.fetchone()
-        if fetched is None:
-            return None
-        if not Turn.objects.filter(pk=turn_id, session_id=session_id).update(
-                prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
-                updated_at=now):
-            raise NotFound(f"No turn {turn_id} in session {session_id}")
-        changed = sum(Step.objects.filter(pk=change.step_id, status=change.from_status).update(
-            **change.fields, updated_at=now)
-            for change in step_changes)
-        Step.objects.bulk_create(step_inserts)
-        Event.objects.bulk_create([
-            Event(session_id=session_id, seq=fetched[0] - n + i, type=type_, turn_id=turn_id, step_id=step_id,
-                  payload=payload, created_at=now)
-            for i, (type_, step_id, payload) in enumerate(events, start=1)])
-        row = (*fetched, 1, changed)
-    first_seq = row[0] - n + 1
+    write = _session_record_postgres if connection.vendor == "postgresql" else _session_record_portable
+    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts)
+    if written is None:
+        return None
+    last_seq, values, changed = written
+    first_seq = last_seq - len(events) + 1
     for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True)):
         event = {"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
                  "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
                  "created_at": now.isoformat()}
         transaction.on_commit(partial(announce.announce_later, event), robust=True)
-    result = dict(zip(SESSION_RECORD_FIELDS, row[1:1 + len(SESSION_RECORD_FIELDS)], strict=True))
-    result["steps_changed"] = row[-1]
-    return result
+    return {**dict(zip(SESSION_RECORD_FIELDS, values, strict=True)), "steps_changed": changed}
 
 
-def _session_record_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: Any, n: int, add: list[int],
+# (last_seq, the SESSION_RECORD_FIELDS after the write, how many step changes applied); None: no session.
+_Written = tuple[int, tuple[Any, ...], int] | None
+_SET_COUNTERS = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)
+_RETURNING = ", ".join(SESSION_RECORD_FIELDS)
+
+
+def _session_record_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: Any, add: list[int],
                              events: Sequence[tuple[str, uuid.UUID | None, dict[str, Any]]], dumped: list[str],
-                             step_changes: Sequence[StepChange], step_inserts: Sequence[Step],
-                             set_counters: str, returned: str) -> tuple[Any, ...] | None:
-    steps, quote = _STEPS, connection.ops.quote_name
+                             step_changes: Sequence[StepChange], step_inserts: Sequence[Step]) -> _Written:
+    """``session_record`` in several statements (SQLite): the same rows, the same order of locks."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {_SET_COUNTERS} "
+                       f"WHERE id = %s RETURNING last_seq, {_RETURNING}",
+                       [len(events), *_last_event_at(now), *add, _db_uuid(session_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if not Turn.objects.filter(pk=turn_id, session_id=session_id).update(
+            prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
+            updated_at=now):
+        raise NotFound(f"No turn {turn_id} in session {session_id}")
+    changed = sum(Step.objects.filter(pk=change.step_id, status=change.from_status).update(
+        **change.fields, updated_at=now) for change in step_changes)
+    Step.objects.bulk_create(step_inserts)
+    first_seq = row[0] - len(events) + 1
+    Event.objects.bulk_create([
+        Event(session_id=session_id, seq=first_seq + i, type=type_, turn_id=turn_id, step_id=step_id,
+              payload=payload, created_at=now)
+        for i, (type_, step_id, payload) in enumerate(events)])
+    return row[0], tuple(row[1:]), changed
+
+
+def _session_record_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: Any, add: list[int],
+                             events: Sequence[tuple[str, uuid.UUID | None, dict[str, Any]]], dumped: list[str],
+                             step_changes: Sequence[StepChange], step_inserts: Sequence[Step]) -> _Written:
+    """``session_record`` in one statement of data-modifying CTEs."""
+    n, steps, quote = len(events), _STEPS, connection.ops.quote_name
     # Each CTE with its parameters, in the order of the text. Every CTE after s reads s, so the
     # session row is locked before any other row.
     ctes: list[tuple[str, list[Any]]] = [
-        (f"s AS (UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {set_counters} "
-         f"WHERE id = %s RETURNING last_seq, {returned})", [n, *_last_event_at(now), *add, session_id]),
+        (f"s AS (UPDATE {_SESSIONS} SET last_seq = last_seq + %s, {_LAST_EVENT_AT}, {_SET_COUNTERS} "
+         f"WHERE id = %s RETURNING last_seq, {_RETURNING})", [n, *_last_event_at(now), *add, session_id]),
         (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
          f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
          f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",
@@ -213,16 +219,17 @@ def _session_record_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: Any
         query.insert_values(Step._meta.concrete_fields, list(step_inserts))
         ((insert_sql, insert_params),) = query.get_compiler(connection=connection).as_sql()
         ctes.append((f"i AS ({insert_sql})", list(insert_params)))
-    sql = (f"WITH {', '.join(text for text, _ in ctes)} SELECT last_seq, {returned}, (SELECT count(*) FROM t), "
-           f"{' + '.join(changed) or '0'} FROM s")
+    sql = (f"WITH {', '.join(text for text, _ in ctes)} SELECT last_seq, {_RETURNING}, "
+           f"(SELECT count(*) FROM t), {' + '.join(changed) or '0'} FROM s")
     with connection.cursor() as cursor:
         cursor.execute(sql, [p for _, params in ctes for p in params])
         row = cursor.fetchone()
     if row is None:
         return None
-    if not row[-2]:
+    *values, turns, changed_count = row[1:]
+    if not turns:
         raise NotFound(f"No turn {turn_id} in session {session_id}")
-    return (*row[:-2], row[-1])
+    return row[0], tuple(values), changed_count
 
 
 def session_lock_fetch(session_id: uuid.UUID | str) -> AgentSession | None:
