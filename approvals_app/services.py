@@ -6,7 +6,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
@@ -17,7 +16,8 @@ from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDeni
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from approvals_app.signals import approval_decided
 from sessions_app.models import Step
-from sessions_app.services import canonical_json, event_record, session_lock, step_transition
+from sessions_app.services import canonical_json, event_record, locked_with_session, step_transition
+from tools_app.builtin import validate_arguments
 from tools_app.models import ToolDefinition
 
 DECIDE_PERMISSION = "approvals_app.decide_approvalrequest"
@@ -59,8 +59,7 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
 
     Moves a tool step to ``awaiting_approval`` (a recovery request leaves it ``in_doubt``).
     """
-    session_lock(Step.objects.values_list("session_id", flat=True).get(pk=step_id))
-    step = Step.objects.select_for_update().get(pk=step_id)
+    step = locked_with_session(Step.objects.all(), pk=step_id)
     existing = ApprovalRequest.objects.filter(step=step, kind=kind, status=ApprovalRequest.Status.PENDING).first()
     if existing is not None:
         return existing
@@ -88,12 +87,9 @@ def _validate_edited(tool_name: str, arguments: Any) -> None:
     tool = ToolDefinition.objects.filter(name=tool_name).first()
     if tool is None:
         return
-    errors = sorted(jsonschema.Draft202012Validator(tool.parameters_schema).iter_errors(arguments), key=str)
+    errors = validate_arguments(tool_name, tool.parameters_schema, arguments)
     if errors:
-        raise InvalidArguments(
-            "Edited arguments do not match the tool's schema",
-            details={"errors": [f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors]},
-        )
+        raise InvalidArguments("Edited arguments do not match the tool's schema", details={"errors": errors})
 
 
 def _check_actor(approval: ApprovalRequest, actor: User) -> None:
@@ -126,9 +122,7 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
 def _approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str,
                      seen_hash: str | None, arguments: dict[str, Any] | None, remember: bool) -> ApprovalRequest:
     try:
-        session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
-        approval = ApprovalRequest.objects.select_for_update().select_related("session").get(
-            request_id=request_id)
+        approval = locked_with_session(ApprovalRequest.objects.select_related("session"), request_id=request_id)
     except (ApprovalRequest.DoesNotExist, ValueError, ValidationError) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
     _check_actor(approval, actor)
@@ -238,8 +232,7 @@ def approval_expire_due(*, now: Any = None) -> int:
 
 @transaction.atomic
 def _expire_one(pk: int) -> int:
-    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(pk=pk))
-    approval = ApprovalRequest.objects.select_for_update().get(pk=pk)
+    approval = locked_with_session(ApprovalRequest.objects.all(), pk=pk)
     if approval.status != ApprovalRequest.Status.PENDING:
         return 0
     _expire(approval)
@@ -252,8 +245,7 @@ def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
 
     Raises Conflict when it was consumed already: the caller must not run the tool again.
     """
-    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
-    approval = ApprovalRequest.objects.select_for_update().get(request_id=request_id)
+    approval = locked_with_session(ApprovalRequest.objects.all(), request_id=request_id)
     if approval.status != ApprovalRequest.Status.APPROVED:
         raise Conflict(f"Approval {request_id} is {approval.status}, not approved", code="not_approved")
     expected = arguments_hash(tool_name=approval.tool_name, arguments=approval.arguments,
@@ -270,8 +262,7 @@ def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
 @joins_transaction
 def approval_transition(*, request_id: uuid.UUID | str, to: str) -> ApprovalRequest:
     """Generic guarded move (used for cancel); decisions go through ``approval_decide``."""
-    session_lock(ApprovalRequest.objects.values_list("session_id", flat=True).get(request_id=request_id))
-    approval = ApprovalRequest.objects.select_for_update().get(request_id=request_id)
+    approval = locked_with_session(ApprovalRequest.objects.all(), request_id=request_id)
     if approval.status == to:
         return approval
     approval.ensure_can_move_to(to)

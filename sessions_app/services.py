@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Model, QuerySet
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -267,6 +267,18 @@ def session_lock(session_id: uuid.UUID | str) -> None:
         return
     list(AgentSession.objects.select_for_update().filter(pk=key).values_list("pk", flat=True))
     _remember_lock(key)
+
+
+R = TypeVar("R", bound=Model)
+
+
+def locked_with_session(queryset: "QuerySet[R]", **lookup: Any) -> R:
+    """Lock the session that owns a row, then the row (the one lock order). Call inside atomic().
+
+    Raises the model's DoesNotExist, or ValueError / ValidationError for a malformed key.
+    """
+    session_lock(queryset.values_list("session_id", flat=True).get(**lookup))
+    return queryset.select_for_update().get(**lookup)
 
 
 def _db_uuid(value: uuid.UUID | str) -> str:

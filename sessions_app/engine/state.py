@@ -16,6 +16,7 @@ from sessions_app.models import AgentSession, Step, Turn
 from sessions_app.services import (
     SESSION_RECORD_FIELDS,
     event_record,
+    locked_with_session,
     session_lock,
     session_transition,
     turn_transition,
@@ -49,8 +50,7 @@ def turn_move(turn_id: uuid.UUID | str, to: str, **fields: Any) -> Turn:
 @joins_transaction
 def turn_fail(*, turn_id: uuid.UUID | str, code: str, message: str, retryable: bool = False) -> Turn | None:
     """Fail an active turn (no-op on a finished one) and settle its open steps."""
-    session_lock(Turn.objects.values_list("session_id", flat=True).get(pk=turn_id))
-    turn = Turn.objects.select_for_update().get(pk=turn_id)
+    turn = locked_with_session(Turn.objects.all(), pk=turn_id)
     if not turn.is_active:
         return None
     for step in Step.objects.select_for_update().filter(turn_id=turn_id).exclude(status__in=Step.SETTLED):
