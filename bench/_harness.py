@@ -70,6 +70,25 @@ def configure() -> dict[str, str]:
     return {"database": database_url, "redis": os.environ["REDIS_URL"], "workspaces": workspaces}
 
 
+def bench_agent(slug: str, model_url: str) -> tuple[Any, Any]:
+    """The benchmark's agent profile (every built-in tool, no budgets) on the scripted model, and its owner."""
+    from django.contrib.auth.models import User
+
+    from sessions_app.models import AgentProfile
+    from tools_app.models import ToolDefinition
+    from tools_app.services import tool_definitions_seed
+
+    tool_definitions_seed()
+    profile, _ = AgentProfile.objects.update_or_create(
+        slug=slug,
+        defaults={"name": slug.replace("-", " "), "model": "scripted", "base_url": model_url,
+                  "instructions": "You are a benchmark agent.", "max_tool_calls": None, "max_model_calls": None,
+                  "max_tokens": None, "max_wall_seconds": None, "enabled": True})
+    profile.tools.set(ToolDefinition.objects.all())
+    owner, _ = User.objects.get_or_create(username="bench-owner")
+    return profile, owner
+
+
 def start_model() -> tuple[Any, str]:
     """The scripted model on a thread of this process (a client closing a keep-alive connection
     makes the stdlib server print a ConnectionResetError traceback: kept out of the output)."""

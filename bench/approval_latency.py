@@ -26,7 +26,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import Listener, Worker, cleanup_workspaces, configure, pct, start_model, summary  # noqa: E402
+from _harness import (  # noqa: E402
+    Listener,
+    Worker,
+    bench_agent,
+    cleanup_workspaces,
+    configure,
+    pct,
+    start_model,
+    summary,
+)
 
 DEFAULT_DECISIONS = 100
 WARMUP = 3
@@ -38,18 +47,7 @@ WAIT_SECONDS = 30.0
 def _setup(model_url: str) -> tuple[Any, Any, Any]:
     from django.contrib.auth.models import Group, User
 
-    from sessions_app.models import AgentProfile
-    from tools_app.models import ToolDefinition
-    from tools_app.services import tool_definitions_seed
-
-    tool_definitions_seed()
-    profile, _ = AgentProfile.objects.update_or_create(
-        slug="bench-approval-latency",
-        defaults={"name": "bench approval latency", "model": "scripted", "base_url": model_url,
-                  "instructions": "You are a benchmark agent.", "max_tool_calls": None, "max_model_calls": None,
-                  "max_tokens": None, "max_wall_seconds": None, "enabled": True})
-    profile.tools.set(ToolDefinition.objects.all())
-    owner, _ = User.objects.get_or_create(username="bench-owner")
+    profile, owner = bench_agent("bench-approval-latency", model_url)
     reviewer, _ = User.objects.get_or_create(username="bench-reviewer")
     reviewer.groups.add(Group.objects.get(name="reviewers"))
     reviewer = User.objects.get(pk=reviewer.pk)  # drop the permission cache

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import Worker, cleanup_workspaces, configure, start_model  # noqa: E402
+from _harness import Worker, bench_agent, cleanup_workspaces, configure, start_model  # noqa: E402
 
 DEFAULT_NS = (50, 200, 400)
 WARMUP_N = 10
@@ -52,24 +52,6 @@ def main() -> None:
         server.shutdown()
         server.server_close()
         cleanup_workspaces()
-
-
-def _setup(model_url: str) -> tuple[Any, Any]:
-    from django.contrib.auth.models import User
-
-    from sessions_app.models import AgentProfile
-    from tools_app.models import ToolDefinition
-    from tools_app.services import tool_definitions_seed
-
-    tool_definitions_seed()
-    profile, _ = AgentProfile.objects.update_or_create(
-        slug="bench-engine-overhead",
-        defaults={"name": "bench engine overhead", "model": "scripted", "base_url": model_url,
-                  "instructions": "You are a benchmark agent.", "max_tool_calls": None, "max_model_calls": None,
-                  "max_tokens": None, "max_wall_seconds": None, "enabled": True})
-    profile.tools.set(ToolDefinition.objects.all())
-    owner, _ = User.objects.get_or_create(username="bench-owner")
-    return profile, owner
 
 
 def run_engine(profile: Any, owner: Any, n: int, worker: Worker, deadline: float) -> tuple[float, bool]:
@@ -169,6 +151,8 @@ def _stream(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, A
     import openai
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+    from sessions_app.engine.llm import add_tool_call_delta
+
     body = {"model": "scripted", "messages": messages, "tools": tools, "stream": True,
             "stream_options": {"include_usage": True}}
     stream = client.post("/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
@@ -180,13 +164,7 @@ def _stream(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, A
             if choice.delta.content:
                 content += choice.delta.content
             for tc in choice.delta.tool_calls or []:
-                slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                if tc.id:
-                    slot["id"] = tc.id
-                if tc.function and tc.function.name:
-                    slot["name"] += tc.function.name
-                if tc.function and tc.function.arguments:
-                    slot["arguments"] += tc.function.arguments
+                add_tool_call_delta(calls, tc)
     return content, [calls[i] for i in sorted(calls)]
 
 
@@ -194,7 +172,7 @@ def _bench(ns: tuple[int, ...], config: dict[str, str], model_url: str, worker: 
     import django
 
     deadline = time.monotonic() + RUN_BUDGET_SECONDS
-    profile, owner = _setup(model_url)
+    profile, owner = bench_agent("bench-engine-overhead", model_url)
     print("engine overhead per tool step (issue 4)")
     print(f"  database   {config['database']} (PostgreSQL)")
     print(f"  redis      {config['redis']}")

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from agentops.domain import joins_transaction
 from sessions_app.engine.state import turn_fail
@@ -149,6 +150,17 @@ class _DeltaFlusher:
             self.buffer, self.last = "", time.monotonic()
 
 
+def add_tool_call_delta(calls: dict[int, dict[str, str]], tc: ChoiceDeltaToolCall) -> None:
+    """Fold one streamed piece of a tool call into ``calls`` (by the call's index)."""
+    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+    if tc.id:
+        slot["id"] = tc.id
+    if tc.function and tc.function.name:
+        slot["name"] += tc.function.name
+    if tc.function and tc.function.arguments:
+        slot["arguments"] += tc.function.arguments
+
+
 def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]], step: Step) -> ModelReply:
     kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
@@ -173,13 +185,7 @@ def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, An
                 reply.content += delta.content
                 flusher.add(delta.content)
             for tc in delta.tool_calls or []:
-                slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                if tc.id:
-                    slot["id"] = tc.id
-                if tc.function and tc.function.name:
-                    slot["name"] += tc.function.name
-                if tc.function and tc.function.arguments:
-                    slot["arguments"] += tc.function.arguments
+                add_tool_call_delta(calls, tc)
             if choice.finish_reason:
                 reply.finish_reason = choice.finish_reason
     flusher.flush()
