@@ -1,13 +1,12 @@
 """The approvals JSON API: the queue, one request by its request_id, and decisions (incl. races)."""
 
-import threading
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
 
 from agentops.domain import Conflict
@@ -16,6 +15,7 @@ from approvals_app import services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Event, Step, Turn
 from tests import factories
+from tests.concurrency import run_together
 from tests.conftest import requires_postgres
 from tools_app.services import tool_definitions_seed
 
@@ -291,25 +291,14 @@ def test_approval_decide_api_remember_on_a_mutating_tool_is_422(reviewer: User, 
 
 def _race(approval: ApprovalRequest, actors_and_decisions: list[tuple[User, str]]) -> list[str]:
     """Decide from several threads at once; returns each thread's outcome ("ok" or the error code)."""
-    barrier = threading.Barrier(len(actors_and_decisions))
-    outcomes: list[str] = []
-
-    def decide(actor: User, decision: str) -> None:
+    def decide(actor: User, decision: str) -> str:
         try:
-            barrier.wait()
             services.approval_decide(request_id=approval.request_id, actor=actor, decision=decision)
-            outcomes.append("ok")
+            return "ok"
         except Conflict as exc:
-            outcomes.append(exc.code)
-        finally:
-            connection.close()
+            return exc.code
 
-    threads = [threading.Thread(target=decide, args=pair) for pair in actors_and_decisions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    return outcomes
+    return run_together([partial(decide, actor, decision) for actor, decision in actors_and_decisions])
 
 
 @requires_postgres()

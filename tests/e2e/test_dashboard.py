@@ -32,6 +32,14 @@ def pending_request(session_id: Any) -> ApprovalRequest:
                     what="an approval request")
 
 
+def session_page(browser: Any, stack: Stack, session_id: Any) -> Any:
+    """The operator's page of one session, its live connection up."""
+    page = login(browser, stack, "operator")
+    page.goto(f"{stack.url}/sessions/{session_id}/")
+    page.wait_for_selector("#live-state[data-state=live]")
+    return page
+
+
 def mark_no_reload(page: Any) -> None:
     page.evaluate("window.__noReload = true")
 
@@ -123,9 +131,7 @@ def start(world: World, command: str = COMMAND, title: str = "s") -> tuple[Agent
 
 def test_reject_with_reason(browser: Any, stack: Stack, world: World) -> None:
     session, approval = start(world)
-    operator = login(browser, stack, "operator")
-    operator.goto(f"{stack.url}/sessions/{session.id}/")
-    operator.wait_for_selector("#live-state[data-state=live]")
+    operator = session_page(browser, stack, session.id)
     reviewer = login(browser, stack, "reviewer")
     reviewer.goto(f"{stack.url}/approvals/{approval.request_id}/")
     reviewer.fill("#reject-form textarea[name=reason]", "not on a Friday")
@@ -159,8 +165,7 @@ def test_edit_arguments_then_approve(browser: Any, stack: Stack, world: World) -
                     what="the edited command to run")
     assert step.arguments == {"command": "echo edited > out.txt && cat out.txt", "timeout_seconds": 20}
     assert "edited" in step.result["output"]
-    operator = login(browser, stack, "operator")
-    operator.goto(f"{stack.url}/sessions/{session.id}/")
+    operator = session_page(browser, stack, session.id)
     assert "(arguments edited)" in operator.inner_text(f"#step-{step.id}")
     reviewer.context.close()
     operator.context.close()
@@ -195,8 +200,7 @@ def test_xss_payload_is_shown_as_text(browser: Any, stack: Stack, world: World) 
     reviewer.goto(f"{stack.url}/approvals/")
     reviewer.click(f"#approval-{approval.request_id} button[value=approve]")
     reviewer.wait_for_selector(f"#decided-{approval.request_id}")
-    operator = login(browser, stack, "operator")
-    operator.goto(f"{stack.url}/sessions/{session.id}/")
+    operator = session_page(browser, stack, session.id)
     final = operator.wait_for_selector(".step.final .stream")
     wait_for(lambda: payload in final.inner_text(), what="the payload echoed back as text")
     for page in (reviewer, operator):
@@ -208,9 +212,7 @@ def test_xss_payload_is_shown_as_text(browser: Any, stack: Stack, world: World) 
 
 def test_reconnect_after_daphne_restart_shows_missed_events_once(browser: Any, stack: Stack, world: World) -> None:
     session, approval = start(world)
-    operator = login(browser, stack, "operator")
-    operator.goto(f"{stack.url}/sessions/{session.id}/")
-    operator.wait_for_selector("#live-state[data-state=live]")
+    operator = session_page(browser, stack, session.id)
     operator.wait_for_selector(".step.k-tool.s-awaiting_approval")
     mark_no_reload(operator)
     seen_before = operator.evaluate("window.agentopsLastSeq()")
@@ -244,9 +246,7 @@ def test_gap_in_seq_is_filled_from_the_database(browser: Any, stack: Stack, worl
     from tests import factories
 
     session = factories.session(agent=world.agent, owner=world.operator, title="gaps")
-    operator = login(browser, stack, "operator")
-    operator.goto(f"{stack.url}/sessions/{session.id}/")
-    operator.wait_for_selector("#live-state[data-state=live]")
+    operator = session_page(browser, stack, session.id)
     # An event the channel layer lost: stored, never announced.
     with transaction.atomic():
         row = AgentSession.objects.select_for_update().get(pk=session.id)

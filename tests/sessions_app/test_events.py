@@ -1,15 +1,16 @@
-import threading
 import uuid
+from functools import partial
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import connection, transaction
+from django.db import transaction
 
 from sessions_app import announce
 from sessions_app.models import Event
 from sessions_app.services import event_record
 from tests import factories
+from tests.concurrency import run_together
 from tests.conftest import requires_postgres
 
 
@@ -52,25 +53,13 @@ def test_event_record_concurrent_writers_gap_free() -> None:
     session = factories.session()
     start = _seqs(session.id)
     threads_n, per_thread = 8, 25
-    barrier = threading.Barrier(threads_n)
-    errors: list[BaseException] = []
 
     def writer(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(per_thread):
-                with transaction.atomic():
-                    event_record(session_id=session.id, type="custom.concurrent", payload={"t": k, "i": i})
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        for i in range(per_thread):
+            with transaction.atomic():
+                event_record(session_id=session.id, type="custom.concurrent", payload={"t": k, "i": i})
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = [r for r in run_together([partial(writer, k) for k in range(threads_n)]) if r is not None]
     assert errors == []
     seqs = _seqs(session.id)
     expected = len(start) + threads_n * per_thread
@@ -202,29 +191,17 @@ def test_session_record_and_event_record_concurrent_writers_gap_free() -> None:
     turn = factories.turn(session)
     start = _seqs(session.id)
     threads_n, per_thread = 6, 20
-    barrier = threading.Barrier(threads_n)
-    errors: list[BaseException] = []
 
     def writer(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(per_thread):
-                with transaction.atomic():
-                    if k % 2:
-                        session_record(session_id=session.id, turn_id=turn.id, tool_calls=1,
-                                       events=[("custom.a", None, {"t": k, "i": i}), ("custom.b", None, {})])
-                    else:
-                        event_record(session_id=session.id, type="custom.one", payload={"t": k, "i": i})
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        for i in range(per_thread):
+            with transaction.atomic():
+                if k % 2:
+                    session_record(session_id=session.id, turn_id=turn.id, tool_calls=1,
+                                   events=[("custom.a", None, {"t": k, "i": i}), ("custom.b", None, {})])
+                else:
+                    event_record(session_id=session.id, type="custom.one", payload={"t": k, "i": i})
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = [r for r in run_together([partial(writer, k) for k in range(threads_n)]) if r is not None]
     assert errors == []
     writers_of_two = threads_n // 2
     expected = len(start) + per_thread * (writers_of_two * 2 + (threads_n - writers_of_two))

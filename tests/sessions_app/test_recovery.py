@@ -18,7 +18,7 @@ from django.db import connection
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
 from sessions_app.engine.services import session_start
-from sessions_app.models import AgentProfile, Event, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
 from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
@@ -82,6 +82,18 @@ def _approve_first(turn: Turn, reviewer: User, kind: str = "tool", decision: str
     return approval
 
 
+def _approved_command(worker_process: WorkerFactory, scripted_model_url: str, command: str
+                      ) -> tuple[User, subprocess.Popen[bytes], AgentSession, Turn, ApprovalRequest]:
+    """A worker, and a turn whose run_command (4 s timeout) a reviewer approved: it starts now."""
+    agent, operator, reviewer = _setup(scripted_model_url)
+    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
+    first = worker_process()
+    session, turn = session_start(agent=agent, owner=operator,
+                                  input=f"tool run_command {json.dumps({'command': command})}\nsay {{results}}")
+    assert turn is not None
+    return reviewer, first, session, turn, _approve_first(turn, reviewer)
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -123,14 +135,8 @@ def test_recovery_worker_killed_during_send_email_sends_exactly_one(
 
 def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_doubt(
         worker_process: WorkerFactory, scripted_model_url: str) -> None:
-    agent, operator, reviewer = _setup(scripted_model_url)
-    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
-    first = worker_process()
-    command = {"command": "echo ran >> count.txt; sleep 3"}
-    session, turn = session_start(agent=agent, owner=operator,
-                                  input=f"tool run_command {json.dumps(command)}\nsay {{results}}")
-    assert turn is not None
-    approval = _approve_first(turn, reviewer)
+    reviewer, first, session, turn, approval = _approved_command(
+        worker_process, scripted_model_url, "echo ran >> count.txt; sleep 3")
     workspace = Path(settings.AGENTOPS_WORKSPACE_ROOT) / str(session.id)
     wait_for(lambda: (workspace / "count.txt").exists(), 60, "the command's first effect")
     _kill(first)
@@ -148,14 +154,8 @@ def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_do
 
 def test_recovery_worker_killed_before_command_changed_anything_retries_it(
         worker_process: WorkerFactory, scripted_model_url: str) -> None:
-    agent, operator, reviewer = _setup(scripted_model_url)
-    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
-    first = worker_process()
-    command = {"command": "sleep 2; echo ran >> count.txt"}
-    session, turn = session_start(agent=agent, owner=operator,
-                                  input=f"tool run_command {json.dumps(command)}\nsay {{results}}")
-    assert turn is not None
-    approval = _approve_first(turn, reviewer)
+    _reviewer, first, session, turn, approval = _approved_command(
+        worker_process, scripted_model_url, "sleep 2; echo ran >> count.txt")
     wait_for(lambda: Step.objects.filter(pk=approval.step_id, status="running").exists(), 60, "the command")
     time.sleep(0.5)
     _kill(first)

@@ -1,9 +1,8 @@
-import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from agentops.domain import InvalidTransition
 from approvals_app.models import ApprovalRequest
@@ -11,6 +10,7 @@ from approvals_app.services import approval_request_create, approval_transition
 from sessions_app.models import AgentSession, Event, Step, Turn
 from sessions_app.services import session_transition, step_transition, turn_transition
 from tests import factories
+from tests.concurrency import run_together
 from tests.conftest import requires_postgres
 
 
@@ -119,24 +119,15 @@ def test_check_constraint_rejects_unknown_status() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_turn_transition_racing_moves_yield_exactly_one() -> None:
     turn = _turn_in("running")
-    barrier = threading.Barrier(2)
-    outcomes: list[str] = []
 
-    def move(to: str) -> None:
+    def move(to: str) -> str:
         try:
-            barrier.wait()
             turn_transition(turn_id=turn.id, to=to)
-            outcomes.append(to)
+            return to
         except InvalidTransition:
-            outcomes.append("refused")
-        finally:
-            connection.close()
+            return "refused"
 
-    threads = [threading.Thread(target=move, args=(to,)) for to in ("completed", "cancelled")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = run_together([partial(move, to) for to in ("completed", "cancelled")])
     final = Turn.objects.get(pk=turn.pk).status
     assert sorted(outcomes) == sorted([final, "refused"])
     assert Event.objects.filter(turn_id=turn.id, type__in=["turn.completed", "turn.cancelled"]).count() == 1
