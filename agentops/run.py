@@ -19,19 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 30) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 30) -> None:
+    """Return once ``proc`` listens on ``port``; RuntimeError if it exits or stays silent."""
     import socket
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{name} exited with {proc.returncode} while starting")
+            raise RuntimeError(f"{name} exited with {proc.returncode} while starting")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
             return
         except OSError:
             time.sleep(0.1)
-    raise SystemExit(f"{name} did not listen on port {port} within {timeout:.0f}s")
+    raise RuntimeError(f"{name} did not listen on port {port} within {timeout:.0f}s")
 
 
 def _wait_healthy(port: int, timeout: float = 60) -> None:
@@ -83,7 +84,7 @@ def main() -> int:
             if not (env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL")):
                 mport = free_port()
                 model = spawn("scripted model", [PY, "manage.py", "scripted_model", "--port", str(mport)])
-                _wait_port(mport, model, "scripted model")
+                wait_port(mport, model, "scripted model")
                 model_url = f"http://127.0.0.1:{mport}/v1"
             subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
             subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
@@ -92,9 +93,9 @@ def main() -> int:
                              "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
                              "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
             web = spawn("web", [PY, "-m", "daphne", "-b", host, "-p", str(port), "agentops.asgi:application"])
-            _wait_port(port, web, "daphne")
+            wait_port(port, web, "daphne")
             _wait_healthy(port)
-        except (SystemExit, subprocess.CalledProcessError) as exc:
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"make run failed: {exc}", file=sys.stderr)
             return 1
         print("\n" + "=" * 72)

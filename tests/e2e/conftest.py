@@ -3,7 +3,6 @@ all on pytest-django's test database (``transactional_db``: what the test writes
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from agentops.embedded_redis import free_port
+from agentops.run import wait_port
 from sessions_app.models import AgentProfile
 from tests import factories
 from tools_app.models import ToolDefinition
@@ -29,19 +29,6 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 PASSWORD = "pw"
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} while starting")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{name} did not listen on port {port} within {timeout:.0f}s")
 
 
 def _database_url() -> str:
@@ -74,7 +61,7 @@ class Stack:
     def start_web(self) -> None:
         proc = self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
                                   "agentops.asgi:application"])
-        _wait_port(self.web_port, proc, "daphne")
+        wait_port(self.web_port, proc, "daphne")
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -113,7 +100,7 @@ def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
     try:
         model = s.spawn("model", [sys.executable, "manage.py", "scripted_model", "--port", str(model_port),
                                   "--quiet"])
-        _wait_port(model_port, model, "scripted model")
+        wait_port(model_port, model, "scripted model")
         s.spawn("worker", [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
                            "--pool", "threads", "-c", "4", "-l", "warning", "--without-heartbeat",
                            "--without-gossip", "--without-mingle"])
