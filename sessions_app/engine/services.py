@@ -1,5 +1,6 @@
 """What the interfaces call to drive agent work. Each enqueues the engine after commit."""
 
+import json
 import uuid
 from typing import Any
 
@@ -75,7 +76,7 @@ def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any
     step = steps.order_by("-created_at").first()
     if step is None:
         raise NotFound(f"No tool call {call_id!r} in this session", details={"call_id": call_id})
-    text = output if isinstance(output, str) else __import__("json").dumps(output)
+    text = output if isinstance(output, str) else json.dumps(output)
     if len(text) > 1_000_000:
         raise InvalidArguments("The output is over 1,000,000 characters.", details={"field": "output"})
     result = {"status": "completed" if success else "failed", "output": text,
