@@ -127,7 +127,7 @@ def model_step_run(convo: Conversation, step: Step) -> Step | None:
         _record_reply(step, reply, message)
         return None
 
-    started = timezone.now()
+    replied_at = timezone.now()
     ran = []
     for i, ((name, call_id, arguments, _), tool) in enumerate(zip(calls, defs, strict=True), start=1):
         assert tool is not None
@@ -163,7 +163,7 @@ def model_step_run(convo: Conversation, step: Step) -> Step | None:
                 # A step settled meanwhile (cancelled, failed) is not ours to record.
                 step_changes=[StepChange(step.id, Step.Status.RUNNING, {
                     "status": Step.Status.COMPLETED, "message": message, "prompt_tokens": reply.prompt_tokens,
-                    "completion_tokens": reply.completion_tokens, "finished_at": started, "lease_owner": "",
+                    "completion_tokens": reply.completion_tokens, "finished_at": replied_at, "lease_owner": "",
                     "lease_expires_at": None})],
                 step_inserts=[r.step for r in ran] + ([next_step] if next_step is not None else []),
                 model_calls=1, tool_calls=len(ran), prompt_tokens=reply.prompt_tokens,
