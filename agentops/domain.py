@@ -4,6 +4,7 @@ This module imports no app: every layer may use it.
 """
 
 import functools
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
@@ -81,6 +82,19 @@ class StateMachine:
                          "allowed": sorted(self.TRANSITIONS.get(str(self.status), frozenset()))},
             )
 
+
+def status_constraint(model_name: str, status: Any, *, field: str = "status") -> Any:
+    """The CheckConstraint of a status field, built from its TextChoices (never a typed list)."""
+    from django.db import models
+    from django.db.models import Q
+
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": list(status.values)}),
+                                  name=f"{model_name}_{field}_valid")
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling of a JSON value: sorted keys, no spaces. What a hash of arguments is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def joins_transaction(func: Callable[P, R]) -> Callable[P, R]:
