@@ -7,23 +7,29 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from agentops.domain import StateMachine
+from agentops.domain import StateMachine, status_constraint
 from sessions_app.models import AgentSession, Step, Turn
 from tools_app.models import ApprovalMode
 
 
-class ApprovalRequest(StateMachine, models.Model):
-    class Kind(models.TextChoices):
-        TOOL = "tool", "Tool call"
-        RECOVERY = "recovery", "Recovery (outcome unknown after a crash)"
+class ApprovalKind(models.TextChoices):
+    TOOL = "tool", "Tool call"
+    RECOVERY = "recovery", "Recovery (outcome unknown after a crash)"
 
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        APPROVED = "approved", "Approved"
-        REJECTED = "rejected", "Rejected"
-        EXPIRED = "expired", "Expired"
-        CANCELLED = "cancelled", "Cancelled"
-        CONSUMED = "consumed", "Consumed"
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+    CONSUMED = "consumed", "Consumed"
+
+
+class ApprovalRequest(StateMachine, models.Model):
+    Kind = ApprovalKind
+
+    Status = ApprovalStatus
 
     class Decision(models.TextChoices):
         APPROVE = "approve", "Approve"
@@ -32,14 +38,13 @@ class ApprovalRequest(StateMachine, models.Model):
         MARK_DONE = "mark_done", "Mark done"
         FAIL = "fail", "Fail"
 
-    S = Status
     TRANSITIONS: ClassVar = {
-        S.PENDING: frozenset({S.APPROVED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
-        S.APPROVED: frozenset({S.CONSUMED, S.CANCELLED}),
-        S.REJECTED: frozenset(),
-        S.EXPIRED: frozenset(),
-        S.CANCELLED: frozenset(),
-        S.CONSUMED: frozenset(),
+        Status.PENDING: frozenset({Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}),
+        Status.APPROVED: frozenset({Status.CONSUMED, Status.CANCELLED}),
+        Status.REJECTED: frozenset(),
+        Status.EXPIRED: frozenset(),
+        Status.CANCELLED: frozenset(),
+        Status.CONSUMED: frozenset(),
     }
 
     request_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -75,12 +80,10 @@ class ApprovalRequest(StateMachine, models.Model):
         ordering = ["-created_at"]
         permissions = [("decide_approvalrequest", "Can approve or reject approval requests")]
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=["pending", "approved", "rejected", "expired",
-                                                           "cancelled", "consumed"]),
-                                   name="approvalrequest_status_valid"),
-            models.CheckConstraint(condition=Q(kind__in=["tool", "recovery"]), name="approvalrequest_kind_valid"),
+            status_constraint("approvalrequest", ApprovalStatus),
+            status_constraint("approvalrequest", ApprovalKind, field="kind"),
             # One open request per step: a replayed gate must not ask twice.
-            models.UniqueConstraint(fields=["step", "kind"], condition=Q(status="pending"),
+            models.UniqueConstraint(fields=["step", "kind"], condition=Q(status=ApprovalStatus.PENDING),
                                     name="approvalrequest_one_pending_per_step"),
         ]
         indexes = [models.Index(fields=["status", "created_at"], name="approval_queue_idx")]

@@ -2,9 +2,10 @@ import uuid
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from agentops.domain import NotFound
-from approvals_app.models import ApprovalRequest
+from approvals_app.models import ApprovalGrant, ApprovalRequest
 
 
 def approval_get(request_id: Any) -> ApprovalRequest:
@@ -33,3 +34,16 @@ def approvals_list(*, status: str | None = None, session: str | None = None, too
     if risk:
         qs = qs.filter(risk=risk)
     return qs.order_by(*(["created_at", "id"] if oldest_first else ["-created_at", "-id"]))
+
+
+def approval_approved_for_step(step_id: uuid.UUID) -> ApprovalRequest | None:
+    """The approved, not yet consumed, tool request of a step (the one its claim consumes)."""
+    return (ApprovalRequest.objects.filter(step_id=step_id, kind=ApprovalRequest.Kind.TOOL,
+                                           status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
+
+
+def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
+    """Does a grant, neither revoked nor expired, let ``tool_name`` run in this session unasked?"""
+    now = timezone.now()
+    return ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name,
+                                        revoked_at__isnull=True).exclude(expires_at__lte=now).exists()

@@ -18,8 +18,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agentops.domain import DomainError, InvalidArguments, PermissionDenied
+from agentops.permissions import DECIDE_APPROVALS as DECIDE_PERMISSION
 from approvals_app.models import ApprovalRequest
-from approvals_app.services import DECIDE_PERMISSION, approval_decide
+from approvals_app.services import approval_decide
 from sessions_app import dashboard
 from sessions_app.views import HtmxHttpRequest
 

@@ -79,7 +79,7 @@ def celery_hop(listener: Listener, worker: Worker) -> float:
 def approval(profile: Any, owner: Any, reviewer: Any, listener: Listener, worker: Worker) -> tuple[float, float]:
     """One decision: (ms until tool.started arrives, ms until approval_decide returned)."""
     from approvals_app.services import approval_decide
-    from sessions_app.engine.services import session_start, turn_submit
+    from sessions_app.engine.commands import session_start, turn_submit
 
     session, _ = session_start(agent=profile, owner=owner, title="bench approval")
     group = f"session.{session.id}"

@@ -60,7 +60,7 @@ def run_engine(profile: Any, owner: Any, n: int, worker: Worker, deadline: float
     A turn still running after TURN_TIMEOUT_SECONDS or past ``deadline`` is cancelled; its time is then a
     lower bound (False).
     """
-    from sessions_app.engine.services import session_cancel, session_start
+    from sessions_app.engine.commands import session_cancel, session_start
     from sessions_app.models import Step, Turn
 
     started = time.time()
@@ -96,9 +96,11 @@ def run_floor(profile: Any, owner: Any, n: int, deadline: float) -> tuple[float,
     from django.db import transaction
     from django.utils import timezone
 
-    from sessions_app.engine.llm import system_prompt, tools_param
+    from sessions_app.engine.llm import tools_param
+    from sessions_app.engine.prompt import system_prompt
+    from sessions_app.events import event_record
     from sessions_app.models import Step
-    from sessions_app.services import event_record, session_create, turn_create
+    from sessions_app.services import session_create, turn_create
     from tools_app.builtin import execute_tool
     from tools_app.sandbox import workspace_for
 

@@ -17,7 +17,7 @@ from ninja.responses import Status
 
 from agentops.domain import InvalidArguments, NotFound, PermissionDenied
 from sessions_app import announce, selectors
-from sessions_app.engine import services as engine
+from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
     AgentOut,

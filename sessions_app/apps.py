@@ -1,5 +1,3 @@
-import contextlib
-
 from django.apps import AppConfig
 
 
@@ -9,11 +7,8 @@ class SessionsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The dashboard renders each event's HTML fragment once, in the process that announces it.
+        # The dashboard renders each event's HTML fragment once, in the process that announces it
+        # (announce cannot import the templates' module: it sits below the interfaces).
         from sessions_app import announce, fragments
 
         announce.fragments_renderer = fragments.render_event_fragments
-        # The engine listens to approvals_app's `approval_decided` signal (approvals_app must
-        # not import the engine: the dependency flows one way).
-        with contextlib.suppress(ImportError):
-            import sessions_app.engine.receivers  # noqa: F401

@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from agentops.domain import StateMachine
+from agentops.domain import StateMachine, status_constraint
 from tools_app.models import ApprovalMode, ToolDefinition
 
 
@@ -65,21 +65,24 @@ class AgentProfile(models.Model):
             raise ValidationError({"starter_files": "Expected an object mapping paths to text."})
 
 
-class AgentSession(StateMachine, models.Model):
-    class Status(models.TextChoices):
-        IDLE = "idle", "Idle"
-        IN_PROGRESS = "in_progress", "In progress"
-        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-        REQUIRES_ACTION = "requires_action", "Requires action"
-        FAILED = "failed", "Failed"
+class SessionStatus(models.TextChoices):
+    IDLE = "idle", "Idle"
+    IN_PROGRESS = "in_progress", "In progress"
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+    REQUIRES_ACTION = "requires_action", "Requires action"
+    FAILED = "failed", "Failed"
 
-    S = Status
+
+class AgentSession(StateMachine, models.Model):
+    Status = SessionStatus
+
     TRANSITIONS: ClassVar = {
-        S.IDLE: frozenset({S.IN_PROGRESS}),
-        S.IN_PROGRESS: frozenset({S.AWAITING_APPROVAL, S.REQUIRES_ACTION, S.IDLE, S.FAILED}),
-        S.AWAITING_APPROVAL: frozenset({S.IN_PROGRESS, S.IDLE, S.FAILED}),
-        S.REQUIRES_ACTION: frozenset({S.IN_PROGRESS, S.IDLE, S.FAILED}),
-        S.FAILED: frozenset({S.IN_PROGRESS}),
+        Status.IDLE: frozenset({Status.IN_PROGRESS}),
+        Status.IN_PROGRESS: frozenset({Status.AWAITING_APPROVAL, Status.REQUIRES_ACTION, Status.IDLE,
+                                       Status.FAILED}),
+        Status.AWAITING_APPROVAL: frozenset({Status.IN_PROGRESS, Status.IDLE, Status.FAILED}),
+        Status.REQUIRES_ACTION: frozenset({Status.IN_PROGRESS, Status.IDLE, Status.FAILED}),
+        Status.FAILED: frozenset({Status.IN_PROGRESS}),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -114,9 +117,7 @@ class AgentSession(StateMachine, models.Model):
         ordering = ["-created_at"]
         permissions = [("operate_agentsession", "Can start, drive and cancel agent sessions")]
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=["idle", "in_progress", "awaiting_approval",
-                                                           "requires_action", "failed"]),
-                                   name="agentsession_status_valid"),
+            status_constraint("agentsession", SessionStatus),
             models.CheckConstraint(
                 condition=(Q(max_tool_calls__isnull=True) | Q(max_tool_calls__gte=0))
                 & (Q(max_tokens__isnull=True) | Q(max_tokens__gte=0)),
@@ -133,26 +134,33 @@ class AgentSession(StateMachine, models.Model):
         return self.prompt_tokens + self.completion_tokens
 
 
-class Turn(StateMachine, models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-        REQUIRES_ACTION = "requires_action", "Requires action"
-        COMPLETED = "completed", "Completed"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
+class TurnStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+    REQUIRES_ACTION = "requires_action", "Requires action"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
 
-    S = Status
-    ACTIVE: ClassVar = (S.QUEUED, S.RUNNING, S.AWAITING_APPROVAL, S.REQUIRES_ACTION)
+
+# A turn in one of these holds its session: at most one per session (a partial unique index).
+TURN_ACTIVE = (TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.AWAITING_APPROVAL, TurnStatus.REQUIRES_ACTION)
+
+
+class Turn(StateMachine, models.Model):
+    Status = TurnStatus
+
+    ACTIVE: ClassVar = TURN_ACTIVE
     TRANSITIONS: ClassVar = {
-        S.QUEUED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
-        S.RUNNING: frozenset({S.AWAITING_APPROVAL, S.REQUIRES_ACTION, S.COMPLETED, S.FAILED, S.CANCELLED}),
-        S.AWAITING_APPROVAL: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
-        S.REQUIRES_ACTION: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
-        S.COMPLETED: frozenset(),
-        S.FAILED: frozenset(),
-        S.CANCELLED: frozenset(),
+        Status.QUEUED: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
+        Status.RUNNING: frozenset({Status.AWAITING_APPROVAL, Status.REQUIRES_ACTION, Status.COMPLETED,
+                                   Status.FAILED, Status.CANCELLED}),
+        Status.AWAITING_APPROVAL: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
+        Status.REQUIRES_ACTION: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
+        Status.COMPLETED: frozenset(),
+        Status.FAILED: frozenset(),
+        Status.CANCELLED: frozenset(),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -180,14 +188,9 @@ class Turn(StateMachine, models.Model):
         constraints = [
             models.UniqueConstraint(fields=["session", "index"], name="turn_unique_index"),
             # At most one active turn per session, enforced by the database.
-            models.UniqueConstraint(fields=["session"], condition=Q(status__in=["queued", "running",
-                                                                             "awaiting_approval",
-                                                                             "requires_action"]),
+            models.UniqueConstraint(fields=["session"], condition=Q(status__in=list(TURN_ACTIVE)),
                                     name="turn_one_active_per_session"),
-            models.CheckConstraint(condition=Q(status__in=["queued", "running", "awaiting_approval",
-                                                           "requires_action", "completed", "failed",
-                                                           "cancelled"]),
-                                   name="turn_status_valid"),
+            status_constraint("turn", TurnStatus),
         ]
 
     def __str__(self) -> str:
@@ -198,39 +201,58 @@ class Turn(StateMachine, models.Model):
         return self.status in self.ACTIVE
 
 
+# A session's status follows its turn's: ``turn_transition`` moves both together.
+SESSION_STATUS_OF_TURN = {
+    TurnStatus.QUEUED: SessionStatus.IN_PROGRESS,
+    TurnStatus.RUNNING: SessionStatus.IN_PROGRESS,
+    TurnStatus.AWAITING_APPROVAL: SessionStatus.AWAITING_APPROVAL,
+    TurnStatus.REQUIRES_ACTION: SessionStatus.REQUIRES_ACTION,
+    TurnStatus.COMPLETED: SessionStatus.IDLE,
+    TurnStatus.CANCELLED: SessionStatus.IDLE,
+    TurnStatus.FAILED: SessionStatus.FAILED,
+}
+
+
+class StepKind(models.TextChoices):
+    MODEL = "model", "Model call"
+    TOOL = "tool", "Tool call"
+
+
+class StepStatus(models.TextChoices):
+    PLANNED = "planned", "Planned"
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+    APPROVED = "approved", "Approved"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+    IN_DOUBT = "in_doubt", "In doubt"
+
+
 class Step(StateMachine, models.Model):
-    class Kind(models.TextChoices):
-        MODEL = "model", "Model call"
-        TOOL = "tool", "Tool call"
+    Kind = StepKind
 
-    class Status(models.TextChoices):
-        PLANNED = "planned", "Planned"
-        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-        APPROVED = "approved", "Approved"
-        RUNNING = "running", "Running"
-        COMPLETED = "completed", "Completed"
-        FAILED = "failed", "Failed"
-        REJECTED = "rejected", "Rejected"
-        EXPIRED = "expired", "Expired"
-        CANCELLED = "cancelled", "Cancelled"
-        IN_DOUBT = "in_doubt", "In doubt"
+    Status = StepStatus
 
-    S = Status
-    SETTLED: ClassVar = (S.COMPLETED, S.FAILED, S.REJECTED, S.EXPIRED, S.CANCELLED)
+    SETTLED: ClassVar = (Status.COMPLETED, Status.FAILED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED)
     TRANSITIONS: ClassVar = {
-        S.PLANNED: frozenset({S.AWAITING_APPROVAL, S.APPROVED, S.RUNNING, S.FAILED, S.CANCELLED}),
-        S.AWAITING_APPROVAL: frozenset({S.APPROVED, S.REJECTED, S.EXPIRED, S.CANCELLED}),
-        S.APPROVED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
+        Status.PLANNED: frozenset({Status.AWAITING_APPROVAL, Status.APPROVED, Status.RUNNING, Status.FAILED,
+                                   Status.CANCELLED}),
+        Status.AWAITING_APPROVAL: frozenset({Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}),
+        Status.APPROVED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
         # A lease expired and the effect check says a retry is safe: a model step goes back to
         # planned, an approved tool step back to approved (it was approved already; never ask twice).
-        S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.IN_DOUBT, S.CANCELLED, S.PLANNED, S.APPROVED}),
+        Status.RUNNING: frozenset({Status.COMPLETED, Status.FAILED, Status.IN_DOUBT, Status.CANCELLED, Status.PLANNED,
+                                   Status.APPROVED}),
         # in_doubt: a reviewer decides retry (approved), mark done (completed) or fail.
-        S.IN_DOUBT: frozenset({S.APPROVED, S.COMPLETED, S.FAILED, S.CANCELLED}),
-        S.COMPLETED: frozenset(),
-        S.FAILED: frozenset(),
-        S.REJECTED: frozenset(),
-        S.EXPIRED: frozenset(),
-        S.CANCELLED: frozenset(),
+        Status.IN_DOUBT: frozenset({Status.APPROVED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}),
+        Status.COMPLETED: frozenset(),
+        Status.FAILED: frozenset(),
+        Status.REJECTED: frozenset(),
+        Status.EXPIRED: frozenset(),
+        Status.CANCELLED: frozenset(),
     }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -268,11 +290,8 @@ class Step(StateMachine, models.Model):
         ordering = ["turn", "index"]
         constraints = [
             models.UniqueConstraint(fields=["turn", "index"], name="step_unique_index"),
-            models.CheckConstraint(condition=Q(kind__in=["model", "tool"]), name="step_kind_valid"),
-            models.CheckConstraint(condition=Q(status__in=["planned", "awaiting_approval", "approved", "running",
-                                                           "completed", "failed", "rejected", "expired",
-                                                           "cancelled", "in_doubt"]),
-                                   name="step_status_valid"),
+            status_constraint("step", StepKind, field="kind"),
+            status_constraint("step", StepStatus),
         ]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="step_lease_idx"),

@@ -67,3 +67,12 @@ def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: in
 
 def turn_steps(turn_id: Any) -> list[Step]:
     return list(Step.objects.filter(turn_id=turn_id).order_by("index"))
+
+
+def turn_id_of_step(step_id: Any) -> uuid.UUID | None:
+    """The turn a step belongs to, or None for an unknown step."""
+    try:
+        key = uuid.UUID(str(step_id))
+    except ValueError:
+        return None
+    return Step.objects.filter(pk=key).values_list("turn_id", flat=True).first()

@@ -1,38 +1,34 @@
-"""Celery interfaces of the engine: ids in, idempotent, the work claimed by the services."""
+"""Celery interfaces of the engine: ids in, idempotent, the work claimed by the engine.
 
-import uuid
+The engine never imports this module: it enqueues by task name through ``agentops.dispatch``.
+"""
 
 from celery import shared_task
 
-from sessions_app.engine import driver, recovery, tools
-
-
-def _turn_of(step_id: str) -> uuid.UUID | None:
-    from sessions_app.models import Step
-
-    return Step.objects.filter(pk=step_id).values_list("turn_id", flat=True).first()
+from sessions_app.engine import recovery, tick, tool_steps
+from sessions_app.selectors import turn_id_of_step
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def turn_advance_task(turn_id: str) -> None:
-    driver.advance(turn_id)
+    tick.turn_advance(turn_id)
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def model_call_task(step_id: str) -> None:
     """On the llm queue: the tick claims the turn's planned model step (a duplicate finds it claimed)."""
-    turn_id = _turn_of(step_id)
+    turn_id = turn_id_of_step(step_id)
     if turn_id is not None:
-        driver.advance(turn_id, on_llm_worker=True)
+        tick.turn_advance(turn_id, on_llm_worker=True)
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def tool_run_task(step_id: str) -> None:
     """On the sandbox queue: claim and run the approved step, then tick."""
-    turn_id = _turn_of(step_id)
+    turn_id = turn_id_of_step(step_id)
     if turn_id is not None:
-        tools.run_tool_step(step_id)
-        driver.advance(turn_id)
+        tool_steps.tool_step_run(step_id)
+        tick.turn_advance(turn_id)
 
 
 @shared_task(acks_late=True, ignore_result=True)

@@ -20,7 +20,7 @@ from django_htmx.middleware import HtmxDetails
 from agentops import health
 from agentops.domain import DomainError
 from sessions_app import dashboard
-from sessions_app.engine.services import session_cancel, session_start, turn_submit
+from sessions_app.engine.commands import session_cancel, session_start, turn_submit
 from sessions_app.forms import SessionStartForm
 from sessions_app.models import AgentSession, Artifact
 

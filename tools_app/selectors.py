@@ -2,6 +2,7 @@
 
 import threading
 import time
+from typing import Any
 
 from django.db.models import QuerySet
 
@@ -17,20 +18,39 @@ def tool_definitions_enabled() -> QuerySet[ToolDefinition]:
     return ToolDefinition.objects.filter(enabled=True).order_by("name")
 
 
-TOOL_CACHE_SECONDS = 2.0  # an admin's change to a tool shows within this
-_cache: dict[str, object] = {"at": 0.0, "rows": {}}
+# The engine consults the tool registry several times a step: it is cached, and an admin's change
+# to a tool or to an agent's tools shows within this many seconds.
+TOOL_CACHE_SECONDS = 2.0
+_cache: dict[Any, tuple[float, Any]] = {}
 _cache_lock = threading.Lock()
 
 
-def tool_definitions_by_name() -> dict[str, ToolDefinition]:
-    """Every ToolDefinition by name, cached briefly: the engine consults it several times a step."""
+def _cached(key: Any, load: Any) -> Any:
     with _cache_lock:
-        if time.monotonic() - float(_cache["at"]) > TOOL_CACHE_SECONDS:  # type: ignore[arg-type]
-            _cache["rows"] = {t.name: t for t in ToolDefinition.objects.all()}
-            _cache["at"] = time.monotonic()
-        return _cache["rows"]  # type: ignore[return-value]
+        hit = _cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] <= TOOL_CACHE_SECONDS:
+            return hit[1]
+    value = load()
+    with _cache_lock:
+        _cache[key] = (time.monotonic(), value)
+    return value
+
+
+def tool_definitions_by_name() -> dict[str, ToolDefinition]:
+    """Every ToolDefinition by name (cached)."""
+    rows: dict[str, ToolDefinition] = _cached(
+        "by_name", lambda: {t.name: t for t in ToolDefinition.objects.all()})
+    return rows
+
+
+def tool_names_of_agent(agent_id: int) -> frozenset[str]:
+    """The names of the tools an agent profile may use, enabled or not (cached)."""
+    names: frozenset[str] = _cached(
+        ("agent", agent_id),
+        lambda: frozenset(ToolDefinition.objects.filter(agents=agent_id).values_list("name", flat=True)))
+    return names
 
 
 def tool_definitions_cache_clear() -> None:
     with _cache_lock:
-        _cache["at"] = 0.0
+        _cache.clear()

@@ -1,7 +1,7 @@
-"""The model call: history rebuilt from the database, the openai SDK, deltas streamed as events.
+"""The model call through the openai SDK: bounded retries, deltas streamed as events.
 
 Model calls have no side effects, so they are retried on timeouts, 429, 5xx and connection
-errors (bounded, with backoff) and fail the turn at once on authentication and policy errors.
+errors (bounded, with backoff) and fail at once on authentication and policy errors.
 """
 
 import json
@@ -15,16 +15,12 @@ from typing import Any
 
 import openai
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
-from agentops.domain import joins_transaction
-from sessions_app.engine.state import turn_fail
-from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import event_record, session_lock, step_transition
-from tools_app.selectors import tool_definitions_by_name
+from sessions_app.events import event_record
+from sessions_app.models import AgentProfile, AgentSession, Step
+from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
 
 log = logging.getLogger(__name__)
 
@@ -59,68 +55,12 @@ def client_for(profile: AgentProfile) -> openai.OpenAI:
         return _clients[key]
 
 
-def system_prompt(session: AgentSession) -> str:
-    parts = [session.agent.instructions.strip()] if session.agent.instructions.strip() else []
-    for title, items in (("Requirements", session.requirements), ("Prohibitions", session.prohibitions),
-                         ("Acceptance criteria", session.acceptance_criteria)):
-        if items:
-            parts.append(f"{title} (pinned by the operator; always apply):\n" + "\n".join(f"- {x}" for x in items))
-    return "\n\n".join(parts) or "You are a helpful agent."
-
-
-def tool_result_text(step: Step) -> str:
-    """What the model is told about a finished tool step."""
-    result = step.result or {}
-    if step.status == Step.Status.REJECTED:
-        return str(result.get("output") or "The reviewer rejected this call.")
-    if step.status == Step.Status.EXPIRED:
-        return "The approval request expired before a reviewer decided; the call did not run (expired, not rejected)."
-    if step.status == Step.Status.CANCELLED:
-        return "The call was cancelled."
-    text = str(result.get("output", ""))
-    if result.get("error_code"):
-        text = f"[error: {result['error_code']}] {text}"
-    if result.get("exit_code") not in (None, 0):
-        text = f"[exit code {result['exit_code']}] {text}"
-    if result.get("reviewer_note"):
-        text = f"{result['reviewer_note']}\n{text}"
-    return text
-
-
-def build_messages(session: AgentSession) -> list[dict[str, Any]]:
-    """The whole conversation from the database, pinned context first. Two queries."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(session)}]
-    turns = list(Turn.objects.filter(session=session).order_by("index").values_list("id", "input"))
-    steps_by_turn: dict[uuid.UUID, list[Step]] = {}
-    # Only the columns the prompt needs: this runs before every model call.
-    fields = ("id", "turn_id", "index", "kind", "status", "call_id", "message", "result")
-    for step in Step.objects.filter(session=session, status__in=Step.SETTLED).only(*fields).order_by("index"):
-        steps_by_turn.setdefault(step.turn_id, []).append(step)
-    for turn_id, text in turns:
-        messages.append({"role": "user", "content": text})
-        for step in steps_by_turn.get(turn_id, []):
-            if step.kind == Step.Kind.MODEL and step.status == Step.Status.COMPLETED and step.message:
-                messages.append(step.message)
-            elif step.kind == Step.Kind.TOOL:
-                messages.append({"role": "tool", "tool_call_id": step.call_id, "content": tool_result_text(step)})
-    return messages
-
-
-_tools_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
-TOOLS_CACHE_SECONDS = 2.0  # an admin's change to a profile's tools shows within this
-
-
 def tools_param(profile: AgentProfile) -> list[dict[str, Any]]:
-    cached = _tools_cache.get(profile.pk)
-    if cached and time.monotonic() - cached[0] < TOOLS_CACHE_SECONDS:
-        return cached[1]
-    tools = [
-        {"type": "function", "function": {"name": t.name, "description": t.description,
-                                          "parameters": t.parameters_schema or {"type": "object"}}}
-        for t in profile.tools.filter(enabled=True).order_by("name")
-    ]
-    _tools_cache[profile.pk] = (time.monotonic(), tools)
-    return tools
+    """The agent's enabled tools as the model sees them (from the cached registry)."""
+    names, defs = tool_names_of_agent(profile.pk), tool_definitions_by_name()
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters_schema or {"type": "object"}}}
+            for name in sorted(names) if (t := defs.get(name)) is not None and t.enabled]
 
 
 @dataclass
@@ -170,9 +110,8 @@ def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, An
     reply = ModelReply()
     calls: dict[int, dict[str, Any]] = {}
     flusher = _DeltaFlusher(step)
-    # The SDK's transport, without `create()`'s request transformation: it walks every message
-    # of the history on every call (165 ms at 400 messages, measured); our messages are plain
-    # JSON already.
+    # The SDK's transport, without `create()`'s request transformation: that walks every message
+    # of the history on every call (see bench/README.md); our messages are plain JSON already.
     stream = client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion, stream=True,
                          stream_cls=openai.Stream[ChatCompletionChunk])
     for chunk in stream:
@@ -193,17 +132,9 @@ def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, An
     return reply
 
 
-def call_model(step: Step, *, session: AgentSession | None = None,
-               messages: list[dict[str, Any]] | None = None) -> ModelReply:
-    """Call the profile's endpoint with bounded retries. Raises ModelCallFailed.
-
-    ``session`` (with its agent) and ``messages`` are what the caller holds already; without them
-    both are read from the database.
-    """
-    if session is None:
-        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
-    if messages is None:
-        messages = build_messages(session)
+def call_model(step: Step, *, session: AgentSession, messages: list[dict[str, Any]]) -> ModelReply:
+    """Call the session's agent's endpoint for a claimed model step, with bounded retries, recording
+    streamed text as ``model.delta`` events. Raises ModelCallFailed."""
     tools = tools_param(session.agent)
     client = client_for(session.agent)
     last_error = ""
@@ -247,19 +178,10 @@ def assistant_message(reply: ModelReply) -> dict[str, Any]:
     return message
 
 
-def reply_event_payload(step: Step, message: dict[str, Any], reply: ModelReply) -> dict[str, Any]:
-    return {"status": Step.Status.COMPLETED, "index": step.index, "kind": step.kind, "tool": step.tool_name,
-            "content": reply.content, "tool_calls": message.get("tool_calls", []),
+def reply_event_fields(message: dict[str, Any], reply: ModelReply) -> dict[str, Any]:
+    """What a ``model.completed`` event says of the reply (beside the step's own fields)."""
+    return {"content": reply.content, "tool_calls": message.get("tool_calls", []),
             "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}}
-
-
-def record_failure(step: Step, exc: ModelCallFailed) -> None:
-    """The model call of a claimed step failed for good: fail the step and its turn."""
-    with transaction.atomic():
-        step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="model.failed",
-                        event_payload={"error_code": exc.code, "error": exc.message[:500]},
-                        error_code=exc.code, error_message=exc.message[:2000])
-        turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
 
 
 def planned_calls(message: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], str]]:
@@ -276,28 +198,3 @@ def planned_calls(message: dict[str, Any]) -> list[tuple[str, str, dict[str, Any
             arguments, error = {}, f"The arguments must be a JSON object: {call['function']['arguments'][:300]}"
         calls.append((call["function"]["name"], call["id"], arguments, error))
     return calls
-
-
-@joins_transaction
-def record_reply(*, step: Step, reply: ModelReply, message: dict[str, Any] | None = None) -> list[Step]:
-    """Store the assistant message, usage and the planned tool steps in one transaction."""
-    session_lock(step.session_id)
-    message = message or assistant_message(reply)
-    step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
-                    event_type="model.completed",
-                    event_payload={"content": reply.content, "tool_calls": message.get("tool_calls", []),
-                                   "usage": {"prompt_tokens": reply.prompt_tokens,
-                                             "completion_tokens": reply.completion_tokens}},
-                    message=message, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
-    AgentSession.objects.filter(pk=step.session_id).update(
-        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
-        completion_tokens=F("completion_tokens") + reply.completion_tokens)
-    Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
-                                                 completion_tokens=F("completion_tokens") + reply.completion_tokens)
-    modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
-    return [Step.objects.create(
-        session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
-        tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
-        error_code="invalid_arguments" if error else "",
-        approval_mode=modes.get(name, "mutating"), idempotency_key=f"{step.turn_id}:{call_id}")
-        for i, (name, call_id, arguments, error) in enumerate(planned_calls(message), start=1)]

@@ -11,7 +11,7 @@ import pytest
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
-from sessions_app.engine.services import session_start
+from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentSession, Event, Step
 from tests.e2e.conftest import SCREENSHOTS, Stack, World, login, watch_console
 from tests.waiting import wait_for

@@ -12,7 +12,7 @@ from django.test import Client
 
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine import recovery
-from sessions_app.engine.services import session_cancel, session_start
+from sessions_app.engine.commands import session_cancel, session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
 from tests.waiting import wait_for

@@ -7,8 +7,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from sessions_app import announce
+from sessions_app.events import event_record
 from sessions_app.models import Event
-from sessions_app.services import event_record
 from tests import factories
 from tests.concurrency import run_together
 from tests.conftest import requires_postgres
@@ -108,12 +108,12 @@ def test_event_record_survives_redis_down(settings) -> None:  # type: ignore[no-
         channel_layers.backends.clear()
 
 
-# --- session_record: one outcome of a turn in one write ---------------------------------
+# --- step_outcome_record: one outcome of a turn in one write ---------------------------------
 
 @pytest.mark.django_db(transaction=True)
-def test_session_record_appends_events_counters_and_steps_together() -> None:
+def test_step_outcome_record_appends_events_counters_and_steps_together() -> None:
+    from sessions_app.engine.record import StepChange, step_outcome_record
     from sessions_app.models import AgentSession, Step, Turn
-    from sessions_app.services import StepChange, session_record
 
     session = factories.session()
     turn = factories.turn(session)
@@ -123,10 +123,10 @@ def test_session_record_appends_events_counters_and_steps_together() -> None:
     new = Step(session_id=session.id, turn_id=turn.id, index=1, kind="tool", tool_name="list_files",
                status="completed", result={"output": "a.txt"})
     with transaction.atomic():
-        counters = session_record(
+        counters = step_outcome_record(
             session_id=session.id, turn_id=turn.id,
             events=[("model.completed", running.id, {"n": 1}), ("tool.completed", new.id, {"n": 2})],
-            step_changes=[StepChange(running.id, "running", {"status": "completed", "message": {"role": "x"}})],
+            step_changes=[StepChange(running.id, "running", "completed", {"message": {"role": "x"}})],
             step_inserts=[new], model_calls=1, tool_calls=1, prompt_tokens=30, completion_tokens=4)
     assert counters is not None
     assert counters["steps_changed"] == 1
@@ -146,17 +146,18 @@ def test_session_record_appends_events_counters_and_steps_together() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_session_record_step_change_applies_only_from_its_status() -> None:
+def test_step_outcome_record_step_change_applies_only_from_its_status() -> None:
+    from sessions_app.engine.record import StepChange, step_outcome_record
     from sessions_app.models import Step
-    from sessions_app.services import StepChange, session_record
 
     session = factories.session()
     turn = factories.turn(session)
     step = factories.step(turn, kind="model", tool_name="", index=0)
     Step.objects.filter(pk=step.pk).update(status="cancelled")
     with transaction.atomic():
-        counters = session_record(session_id=session.id, turn_id=turn.id, events=[("model.completed", step.id, {})],
-                                  step_changes=[StepChange(step.id, "running", {"status": "completed"})])
+        counters = step_outcome_record(session_id=session.id, turn_id=turn.id,
+                                       events=[("model.completed", step.id, {})],
+                                       step_changes=[StepChange(step.id, "running", "completed", {})])
         assert counters is not None and counters["steps_changed"] == 0
         transaction.set_rollback(True)  # what the engine does when its step moved meanwhile
     assert Step.objects.get(pk=step.pk).status == "cancelled"
@@ -164,28 +165,29 @@ def test_session_record_step_change_applies_only_from_its_status() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_session_record_unknown_turn_or_session_changes_nothing() -> None:
+def test_step_outcome_record_unknown_turn_or_session_changes_nothing() -> None:
     from agentops.domain import NotFound
+    from sessions_app.engine.record import step_outcome_record
     from sessions_app.models import AgentSession
-    from sessions_app.services import session_record
 
     session = factories.session()
     other_turn = factories.turn(factories.session())
     last = AgentSession.objects.get(pk=session.pk).last_seq
     with pytest.raises(NotFound), transaction.atomic():
-        session_record(session_id=session.id, turn_id=other_turn.id, events=[("custom.x", None, {})], tool_calls=1)
+        step_outcome_record(session_id=session.id, turn_id=other_turn.id, events=[("custom.x", None, {})], tool_calls=1)
     row = AgentSession.objects.get(pk=session.pk)
     assert (row.last_seq, row.tool_calls) == (last, 0)
     assert _seqs(session.id) == list(range(1, last + 1))
     with transaction.atomic():
-        assert session_record(session_id=uuid.uuid4(), turn_id=other_turn.id, events=[("custom.x", None, {})]) is None
+        assert step_outcome_record(session_id=uuid.uuid4(), turn_id=other_turn.id,
+                                   events=[("custom.x", None, {})]) is None
 
 
 @requires_postgres()
 @pytest.mark.django_db(transaction=True)
-def test_session_record_and_event_record_concurrent_writers_gap_free() -> None:
+def test_step_outcome_record_and_event_record_concurrent_writers_gap_free() -> None:
+    from sessions_app.engine.record import step_outcome_record
     from sessions_app.models import AgentSession
-    from sessions_app.services import session_record
 
     session = factories.session()
     turn = factories.turn(session)
@@ -196,7 +198,7 @@ def test_session_record_and_event_record_concurrent_writers_gap_free() -> None:
         for i in range(per_thread):
             with transaction.atomic():
                 if k % 2:
-                    session_record(session_id=session.id, turn_id=turn.id, tool_calls=1,
+                    step_outcome_record(session_id=session.id, turn_id=turn.id, tool_calls=1,
                                    events=[("custom.a", None, {"t": k, "i": i}), ("custom.b", None, {})])
                 else:
                     event_record(session_id=session.id, type="custom.one", payload={"t": k, "i": i})

@@ -1,5 +1,5 @@
 """The engine's inline path: read-only tool calls run where the model step ran and are recorded
-with the reply in one write. Driven in-process through ``driver.advance`` (the llm task's body)
+with the reply in one write. Driven in-process through ``tick.turn_advance`` (the llm task's body)
 against the database and the scripted model over HTTP; cancel and approvals through a real
 Celery worker."""
 
@@ -14,8 +14,9 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
-from sessions_app.engine import driver, llm, tools
-from sessions_app.engine.services import session_cancel, session_start
+from sessions_app.engine import llm, tick
+from sessions_app.engine.commands import session_cancel, session_start
+from sessions_app.engine.prompt import build_messages
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import session_create, turn_create
 from tests import factories
@@ -38,7 +39,7 @@ def run_turn(agent: AgentProfile, owner: User, text: str, **budget: int) -> Turn
     """Create a session and a turn and drive it in this process, as the llm worker does."""
     session = session_create(agent=agent, owner=owner, title="inline", budget=budget or None)
     turn = turn_create(session_id=session.id, input=text, actor=owner)
-    driver.advance(turn.id, on_llm_worker=True)
+    tick.turn_advance(turn.id, on_llm_worker=True)
     return Turn.objects.get(pk=turn.pk)
 
 
@@ -94,7 +95,7 @@ def test_inline_history_kept_in_memory_is_what_the_database_holds(engine_agent: 
 
     def spy(step: Step, **kwargs: Any) -> llm.ModelReply:
         session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
-        seen.append((json.loads(json.dumps(kwargs.get("messages"))), llm.build_messages(session)))
+        seen.append((json.loads(json.dumps(kwargs.get("messages"))), build_messages(session)))
         return call_model(step, **kwargs)
 
     monkeypatch.setattr(llm, "call_model", spy)
@@ -114,8 +115,6 @@ def test_inline_writes_per_step_stay_flat_as_the_history_grows(engine_agent: Age
     def queries(n: int) -> int:
         # Start each run with the short-lived caches of tool definitions empty: every run refills them alike.
         tool_definitions_cache_clear()
-        llm._tools_cache.clear()
-        tools._allowed_cache.clear()
         with CaptureQueriesContext(connection) as captured:
             turn = run_turn(engine_agent, owner, "\n".join([tool("list_files", path=".")] * n + ["say done"]))
         assert turn.status == "completed"

@@ -17,7 +17,7 @@ from django.db import connection
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
-from sessions_app.engine.services import session_start
+from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
 from tests.waiting import wait_for

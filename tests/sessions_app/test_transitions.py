@@ -135,15 +135,13 @@ def test_turn_transition_racing_moves_yield_exactly_one() -> None:
 
 @pytest.mark.django_db
 def test_turn_transition_resumed_turn_keeps_its_first_start() -> None:
-    from sessions_app.engine.state import turn_move
-
     turn = factories.turn()
     first = turn_transition(turn_id=turn.id, to="running").started_at
     assert first is not None
     turn_transition(turn_id=turn.id, to="awaiting_approval")
     resumed = turn_transition(turn_id=turn.id, to="running")
     assert resumed.started_at == first == Turn.objects.get(pk=turn.pk).started_at
-    done = turn_move(turn.id, "completed")
+    done = turn_transition(turn_id=turn.id, to="completed")
     # The session's wall time covers the whole turn, the wait for the reviewer included.
     assert done.finished_at is not None
     wall = AgentSession.objects.get(pk=turn.session_id).wall_seconds

@@ -1,16 +1,17 @@
-"""Gate and run tool steps.
+"""Tool steps: the gate, the claim, the run and the record.
 
-The gate decides per step: safe_readonly runs; confirm_once runs under a live grant; anything
-else asks a reviewer (an ApprovalRequest; the worker is released). Running claims the step
-(approved → running) and consumes its approval in the same transaction, so what was approved
-runs exactly once.
+The gate decides per planned step: ``safe_readonly`` runs; ``confirm_once`` runs under a live
+grant; anything else asks a reviewer (an ApprovalRequest; the worker is released). The claim moves
+the step approved → running with a lease and consumes its approval in the same transaction, so
+what was approved runs exactly once. The run happens outside any transaction; the record is a
+second short one.
 """
 
 import hashlib
 import logging
 import mimetypes
 import os
-import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -22,14 +23,15 @@ from django.db.models import F
 
 from agentops.domain import Conflict, InvalidTransition, joins_transaction
 from approvals_app.models import ApprovalRequest
-from approvals_app.services import approval_consume, approval_request_create, grant_is_live
-from sessions_app.engine.state import lease_seconds_for, step_claim, step_is_cancelled
-from sessions_app.models import AgentProfile, AgentSession, Step
-from sessions_app.services import artifact_record, session_lock, step_transition
-from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments
+from approvals_app.selectors import approval_approved_for_step, grant_is_live
+from approvals_app.services import approval_consume, approval_request_create
+from sessions_app.locks import session_lock
+from sessions_app.models import AgentSession, Step
+from sessions_app.services import artifact_record, lease_seconds_for, step_claim, step_transition
+from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
-from tools_app.selectors import tool_definitions_by_name
+from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,6 @@ def session_workspace(session: AgentSession) -> Path:
 
 
 def _chown_like(target: Path, root: Path) -> None:
-    import os
-
     st = root.stat()
     node = target
     while node != root:
@@ -67,27 +67,22 @@ def _chown_like(target: Path, root: Path) -> None:
         node = node.parent
 
 
-def _fail_step(step: Step, code: str, message: str) -> None:
-    step_transition(step_id=step.id, to=Step.Status.FAILED, event_type="tool.failed",
-                    event_payload={"result": {"status": "failed", "error_code": code, "output": message}},
-                    result={"status": "failed", "error_code": code, "output": message},
-                    error_code=code, error_message=message)
+def runs_in_process(tool_name: str) -> bool:
+    """A built-in that needs no sandbox queue: the engine's worker runs it (``list_files``, …)."""
+    builtin = BUILTIN_TOOLS.get(tool_name)
+    return builtin is not None and not builtin.needs_sandbox
 
 
-_allowed_cache: dict[int, tuple[float, frozenset[str]]] = {}
+def tool_available(session: AgentSession, tool_name: str) -> ToolDefinition | None:
+    """The tool's definition when this session's agent may use it now (enabled and selected)."""
+    tool = tool_definitions_by_name().get(tool_name)
+    if tool is None or not tool.enabled or tool_name not in tool_names_of_agent(session.agent_id):
+        return None
+    return tool
 
 
-def allowed_tool_names(profile: AgentProfile) -> frozenset[str]:
-    """The names of the tools a profile may use, cached as briefly as the tool definitions."""
-    cached = _allowed_cache.get(profile.pk)
-    if cached and time.monotonic() - cached[0] < 2.0:
-        return cached[1]
-    names = frozenset(profile.tools.values_list("name", flat=True))
-    _allowed_cache[profile.pk] = (time.monotonic(), names)
-    return names
-
-
-def risk_of(tool: ToolDefinition) -> tuple[str, str]:
+def tool_risk(tool: ToolDefinition) -> tuple[str, str]:
+    """The risk shown to the reviewer, and why."""
     if tool.network == "host":
         return "high", "This call may reach the network from the sandbox."
     if tool.name in ("send_email", "http_request"):
@@ -97,25 +92,32 @@ def risk_of(tool: ToolDefinition) -> tuple[str, str]:
     return "medium", "Changes files in the session's sandboxed workspace."
 
 
+def _fail(step: Step, code: str, message: str) -> None:
+    result = {"status": "failed", "error_code": code, "output": message}
+    step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.FAILED, event_type="tool.failed",
+                    event_payload={"result": result}, result=result, error_code=code, error_message=message)
+
+
 @joins_transaction
-def gate_step(*, step: Step, session: AgentSession) -> str:
-    """Decide what a planned tool step needs. Returns the step's new status."""
-    tool = tool_definitions_by_name().get(step.tool_name)
-    allowed = tool is not None and tool.name in allowed_tool_names(session.agent)
+def tool_step_gate(*, step: Step, session: AgentSession) -> str:
+    """Decide what a planned tool step needs and move it there. Returns its new status."""
     if step.error_code == "invalid_arguments":
-        _fail_step(step, "invalid_arguments", step.error_message)
+        _fail(step, "invalid_arguments", step.error_message)
         return Step.Status.FAILED
-    if tool is None or not tool.enabled or not allowed:
-        _fail_step(step, "denied" if tool else "unknown_tool",
-                   f"The tool {step.tool_name!r} is not available to this agent.")
+    tool = tool_available(session, step.tool_name)
+    if tool is None:
+        known = step.tool_name in tool_definitions_by_name()
+        _fail(step, "denied" if known else "unknown_tool",
+              f"The tool {step.tool_name!r} is not available to this agent.")
         return Step.Status.FAILED
     errors = validate_arguments(tool.name, tool.parameters_schema, step.arguments)
     if errors:
-        _fail_step(step, "invalid_arguments", "Invalid arguments: " + "; ".join(errors[:10]))
+        _fail(step, "invalid_arguments", "Invalid arguments: " + "; ".join(errors[:10]))
         return Step.Status.FAILED
     if tool.kind == ToolDefinition.Kind.CLIENT:
         # The integration runs it and posts the output by call_id; no lease: nothing runs here.
-        step_transition(step_id=step.id, to=Step.Status.RUNNING, event_type="tool.started",
+        step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.RUNNING,
+                        event_type="tool.started",
                         event_payload={"client": True, "call_id": step.call_id, "arguments": step.arguments})
         return Step.Status.RUNNING
     mode = tool.approval_mode
@@ -123,59 +125,30 @@ def gate_step(*, step: Step, session: AgentSession) -> str:
             mode == ApprovalMode.CONFIRM_ONCE and grant_is_live(session_id=session.id, tool_name=tool.name)):
         step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
-    risk, note = risk_of(tool)
+    risk, note = tool_risk(tool)
     preview = ""
     if tool.name == "write_file":
         try:
-            from tools_app.builtin import write_file_preview
-
             preview = write_file_preview(session_workspace(session), step.arguments)
         except Exception as exc:  # a preview is a courtesy; the approval must still be asked
             preview = f"(no preview: {exc})"
-    status = sandbox_status()
     approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
-                            sandbox_backend=str(status.get("backend", "")), network_policy=tool.network,
+                            sandbox_backend=str(sandbox_status().get("backend", "")), network_policy=tool.network,
                             ttl_seconds=tool.approval_ttl_seconds)
     return Step.Status.AWAITING_APPROVAL
 
 
-def needs_sandbox_queue(step: Step) -> bool:
-    builtin = BUILTIN_TOOLS.get(step.tool_name)
-    return builtin is None or builtin.needs_sandbox
+@joins_transaction
+def tool_step_claim(step: Step) -> ApprovalRequest | None:
+    """approved → running with a lease, consuming its approval (only a step a reviewer was asked
+    about has one) in the same transaction. Returns the approval.
 
-
-def _approval_for(step: Step) -> ApprovalRequest | None:
-    return (ApprovalRequest.objects.filter(step=step, kind=ApprovalRequest.Kind.TOOL,
-                                           status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
-
-
-def claim_tool_step(step_id: uuid.UUID | str) -> tuple[Step, ApprovalRequest | None] | None:
-    """approved → running with a lease, consuming its approval in the same transaction.
-
-    None when the step is not approved (another worker has it) or the claim loses a race.
+    Raises Conflict, after which the caller must roll back, when the approval was consumed already
+    (a previous attempt ran it: never run it twice; the sweeper checks what really happened) or
+    the step is no longer approved.
     """
-    step = Step.objects.filter(pk=step_id, status=Step.Status.APPROVED).first()
-    if step is None:
-        return None
-    with transaction.atomic():
-        session_lock(step.session_id)
-        try:
-            approval = claim_tool_step_locked(step)
-        except Conflict:
-            # Claimed meanwhile, or its approval consumed already (a previous attempt ran it:
-            # never run it twice; the sweeper checks what really happened).
-            transaction.set_rollback(True)
-            return None
-    return step, approval
-
-
-def claim_tool_step_locked(step: Step) -> ApprovalRequest | None:
-    """approved → running for a step of a session this transaction has locked.
-
-    Consumes its approval first (only a step a reviewer was asked about has one); raises
-    Conflict when it was consumed already or the step is no longer approved.
-    """
-    approval = None if step.approval_mode == ApprovalMode.SAFE_READONLY else _approval_for(step)
+    session_lock(step.session_id)
+    approval = None if step.approval_mode == ApprovalMode.SAFE_READONLY else approval_approved_for_step(step.id)
     if approval is not None:
         approval_consume(request_id=approval.request_id)
     tool = tool_definitions_by_name().get(step.tool_name)
@@ -187,18 +160,28 @@ def claim_tool_step_locked(step: Step) -> ApprovalRequest | None:
     return approval
 
 
-def run_tool_step(step_id: uuid.UUID | str) -> Step | None:
-    """Claim, run and record one approved tool step. Returns None when another worker has it."""
-    claim = claim_tool_step(step_id)
-    if claim is None:
+def tool_step_run(step_id: uuid.UUID | str) -> Step | None:
+    """Claim, run and record one approved tool step (the sandbox queue's task). None when another
+    worker has it."""
+    step = Step.objects.filter(pk=step_id, status=Step.Status.APPROVED).first()
+    if step is None:
         return None
-    step, approval = claim
-    return run_claimed_tool_step(step, approval)
+    with transaction.atomic():
+        try:
+            approval = tool_step_claim(step)
+        except Conflict:
+            transaction.set_rollback(True)
+            return None
+    return tool_step_execute(step, approval)
 
 
-def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
-                          session: AgentSession | None = None) -> Step | None:
-    """Run a tool step this worker claimed and record its result."""
+def step_is_cancelled(step_id: uuid.UUID | str) -> bool:
+    status = Step.objects.filter(pk=step_id).values_list("status", flat=True).first()
+    return status in (None, Step.Status.CANCELLED)
+
+
+def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: AgentSession | None = None) -> Step | None:
+    """Run a tool step this worker claimed, outside any transaction, and record its result."""
     session = session or AgentSession.objects.select_related("agent").get(pk=step.session_id)
     tool = tool_definitions_by_name().get(step.tool_name)
     workspace = session_workspace(session)
@@ -217,7 +200,7 @@ def run_claimed_tool_step(step: Step, approval: ApprovalRequest | None,
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
                                     f"{approval.arguments}; what ran was {approval.edited_arguments}.")
-    return record_tool_result(step=step, result=payload, workspace=workspace)
+    return tool_step_record(step=step, result=payload, workspace=workspace)
 
 
 def failpoint_after_tool(tool_name: str) -> None:
@@ -234,7 +217,9 @@ def failpoint_after_tool(tool_name: str) -> None:
         time.sleep(float(seconds or 30))
 
 
-def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:
+def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:
+    """Record a tool's result: the step settled, the tool-call counter, published artifacts.
+    None when the step was settled meanwhile (cancelled): the result is dropped."""
     ok = result.get("status") == "completed"
     artifacts = []
     if workspace is not None:
@@ -262,6 +247,7 @@ def record_tool_result(*, step: Step, result: dict[str, Any], workspace: Path | 
 
 
 def event_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A tool result as the live timeline shows it: the long output cut in the middle."""
     keep = ("status", "output", "exit_code", "duration_ms", "files_changed", "error_code", "error_message",
             "reviewer_note")
     out = {k: result.get(k) for k in keep if k in result}
@@ -277,14 +263,16 @@ def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]
     source = (workspace / rel).resolve()
     if workspace.resolve() not in source.parents or not source.is_file() or source.is_symlink():
         return None
+    folder = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Hash what was copied, not the source: the workspace may change meanwhile.
     digest = hashlib.sha256()
-    with source.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
+    with source.open("rb") as src, tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
+        for chunk in iter(lambda: src.read(1 << 20), b""):
             digest.update(chunk)
+            tmp.write(chunk)
     sha = digest.hexdigest()
-    target = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id) / sha
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        shutil.copyfile(source, target)
+    target = folder / sha
+    os.replace(tmp.name, target)
     return {"path": rel, "size": target.stat().st_size, "sha256": sha, "storage_path": str(target),
             "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}

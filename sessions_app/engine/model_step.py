@@ -1,0 +1,237 @@
+"""A claimed model step: call the model, record the reply, and keep going while the reply asks
+only for read-only tools.
+
+The worker that claimed the model step keeps the conversation in memory. When a reply asks only
+for tools that are read-only, in-process and valid (``safe_readonly``, idempotent, no sandbox:
+``list_files``, ``read_file``), it runs them at once and records everything with one write
+(``record.step_outcome_record``): the model step completed, its tool steps with their results,
+their events, the counters, and the next model step, claimed by this worker with a lease. An agent
+that reads 400 files in a row needs no hop between workers and no re-read of its history.
+
+Those tool steps need no claim before they run: a read-only call has no effect to protect. Until
+the commit the model step holds its lease; a worker lost before it leaves that step to the
+sweeper, which re-runs the model call and so the tools. A step cancelled meanwhile fails the
+write's conditional update and nothing is recorded.
+
+Any other reply is recorded on its own (``model_reply_record``) and the tick takes over.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agentops.domain import InvalidTransition, joins_transaction
+from sessions_app.engine import llm
+from sessions_app.engine.budgets import budget_crossed, session_counters
+from sessions_app.engine.prompt import build_messages, tool_message
+from sessions_app.engine.record import COUNTERS, StepChange, step_outcome_record
+from sessions_app.engine.tool_steps import (
+    event_result,
+    failpoint_after_tool,
+    runs_in_process,
+    session_workspace,
+    tool_available,
+)
+from sessions_app.engine.turns import turn_fail
+from sessions_app.locks import session_lock
+from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.services import step_event_payload, step_running, step_transition
+from tools_app.builtin import execute_tool, validate_arguments
+from tools_app.models import ApprovalMode, ToolDefinition
+from tools_app.selectors import tool_definitions_by_name
+
+log = logging.getLogger(__name__)
+
+
+class _HandOver(Exception):
+    """Roll the one-write record back: the reply is recorded on its own instead."""
+
+
+@dataclass
+class Conversation:
+    """What the worker holding a turn knows, kept current by its own writes."""
+
+    session: AgentSession
+    turn_started_at: datetime | None
+    messages: list[dict[str, Any]]
+    counters: dict[str, Any]
+    deadline: float
+
+    @classmethod
+    def load(cls, step: Step, *, deadline: float) -> "Conversation":
+        """Read the session and rebuild the history once, for a model step this worker claimed."""
+        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+        started_at = Turn.objects.values_list("started_at", flat=True).get(pk=step.turn_id)
+        return cls(session=session, turn_started_at=started_at, messages=build_messages(session),
+                   counters=session_counters(session), deadline=deadline)
+
+    def in_time(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def turn_seconds(self) -> float:
+        return (timezone.now() - self.turn_started_at).total_seconds() if self.turn_started_at else 0.0
+
+
+def _runs_inline(name: str, arguments: dict[str, Any], error: str, session: AgentSession) -> ToolDefinition | None:
+    """The tool's definition when this call may run here, now, without asking anyone; else None."""
+    tool = None if error else tool_available(session, name)
+    if (tool is None or not runs_in_process(name) or tool.kind != ToolDefinition.Kind.BUILTIN
+            or tool.approval_mode != ApprovalMode.SAFE_READONLY or not tool.idempotent):
+        return None
+    return None if validate_arguments(name, tool.parameters_schema, arguments) else tool
+
+
+# --- recording a reply on its own ------------------------------------------------------------
+
+@joins_transaction
+def model_reply_record(*, step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> list[Step]:
+    """Store the assistant message, its usage and its planned tool steps; the tick gates them."""
+    session_lock(step.session_id)
+    step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
+                    event_type="model.completed", event_payload=llm.reply_event_fields(message, reply),
+                    message=message, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+    AgentSession.objects.filter(pk=step.session_id).update(
+        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
+        completion_tokens=F("completion_tokens") + reply.completion_tokens)
+    Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
+                                                 completion_tokens=F("completion_tokens") + reply.completion_tokens)
+    modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
+    return [Step.objects.create(
+        session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
+        tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
+        error_code="invalid_arguments" if error else "",
+        approval_mode=modes.get(name, ApprovalMode.MUTATING), idempotency_key=f"{step.turn_id}:{call_id}")
+        for i, (name, call_id, arguments, error) in enumerate(llm.planned_calls(message), start=1)]
+
+
+def _reply_record(step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> None:
+    """``model_reply_record``, where a step settled meanwhile (cancelled) keeps its end."""
+    try:
+        model_reply_record(step=step, reply=reply, message=message)
+    except InvalidTransition:
+        log.info("model step %s was settled meanwhile (cancelled?); its reply is dropped", step.id)
+
+
+def model_failure_record(step: Step, exc: llm.ModelCallFailed) -> None:
+    """The model call of a claimed step failed for good: fail the step and its turn."""
+    with transaction.atomic():
+        step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.FAILED,
+                        event_type="model.failed", event_payload={"error_code": exc.code, "error": exc.message[:500]},
+                        error_code=exc.code, error_message=exc.message[:2000])
+        turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
+
+
+# --- the inline path ---------------------------------------------------------------------------
+
+@dataclass
+class _Ran:
+    step: Step
+    result: dict[str, Any]
+    ok: bool
+
+
+def _run_read_only(convo: Conversation, step: Step, tool: ToolDefinition) -> _Ran:
+    """Run an unsaved read-only tool step and settle it in memory."""
+    result = execute_tool(name=step.tool_name, workspace=session_workspace(convo.session), arguments=step.arguments,
+                          timeout_seconds=tool.timeout_seconds, network="none",
+                          idempotency_key=step.idempotency_key, should_cancel=lambda: False).to_dict()
+    failpoint_after_tool(step.tool_name)
+    ok = result.get("status") == "completed"
+    step.status = Step.Status.COMPLETED if ok else Step.Status.FAILED
+    step.result, step.finished_at = result, timezone.now()
+    step.error_code = "" if ok else str(result.get("error_code", "tool_error"))
+    step.error_message = "" if ok else str(result.get("error_message", ""))[:2000]
+    return _Ran(step, result, ok)
+
+
+def _plus(counters: dict[str, Any], **add: int) -> dict[str, Any]:
+    return {**counters, **{name: counters[name] + add.get(name, 0) for name in COUNTERS}}
+
+
+def model_step_run(convo: Conversation, step: Step) -> Step | None:
+    """Call the model for a claimed model step and record the reply. Returns the next model step,
+    claimed by this worker, when the reply's read-only tools ran inline; None: the tick goes on."""
+    try:
+        reply = llm.call_model(step, session=convo.session, messages=convo.messages)
+    except llm.ModelCallFailed as exc:
+        model_failure_record(step, exc)
+        return None
+    message = llm.assistant_message(reply)
+    calls = llm.planned_calls(message)
+    tools = [_runs_inline(name, arguments, error, convo.session) for name, _, arguments, error in calls]
+    after_reply = _plus(convo.counters, model_calls=1, prompt_tokens=reply.prompt_tokens,
+                        completion_tokens=reply.completion_tokens)
+    limit = after_reply["max_tool_calls"]
+    if (not calls or None in tools or not convo.in_time()
+            or (limit is not None and after_reply["tool_calls"] + len(calls) > limit)
+            or budget_crossed(after_reply, convo.turn_seconds(), before="tool")):
+        _reply_record(step, reply, message)
+        return None
+
+    replied_at = timezone.now()
+    ran = []
+    for i, ((name, call_id, arguments, _), tool) in enumerate(zip(calls, tools, strict=True), start=1):
+        assert tool is not None
+        tool_step = Step(session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
+                         tool_name=name, call_id=call_id, arguments=arguments, approval_mode=tool.approval_mode,
+                         idempotency_key=f"{step.turn_id}:{call_id}", attempts=1, started_at=timezone.now())
+        ran.append(_run_read_only(convo, tool_step, tool))
+    if any(r.result.get("published_files") for r in ran):
+        _reply_record(step, reply, message)  # artifacts are stored by the general path
+        return None
+
+    predicted = _plus(after_reply, tool_calls=len(ran))
+    next_step = None
+    if not budget_crossed(predicted, convo.turn_seconds(), before="model"):
+        next_step = step_running(session_id=step.session_id, turn_id=step.turn_id, index=step.index + len(ran) + 1,
+                                 kind=Step.Kind.MODEL, lease_seconds=llm.model_lease_seconds())
+    events: list[tuple[str, Any, dict[str, Any]]] = [
+        ("model.completed", step.id, step_event_payload(step, status=Step.Status.COMPLETED,
+                                                        **llm.reply_event_fields(message, reply)))]
+    for r in ran:
+        events.append(("tool.started", r.step.id, _started_payload(r.step)))
+        events.append(("tool.completed" if r.ok else "tool.failed", r.step.id,
+                       step_event_payload(r.step, result=event_result(r.result))))
+    if next_step is not None:
+        events.append(("model.started", next_step.id, _started_payload(next_step)))
+    try:
+        with transaction.atomic():
+            counters = step_outcome_record(
+                session_id=step.session_id, turn_id=step.turn_id, events=events,
+                step_changes=[StepChange(step.id, Step.Status.RUNNING, Step.Status.COMPLETED, {
+                    "message": message, "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens, "finished_at": replied_at, "lease_owner": "",
+                    "lease_expires_at": None})],
+                step_inserts=[r.step for r in ran] + ([next_step] if next_step is not None else []),
+                model_calls=1, tool_calls=len(ran), prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens)
+            # The budgets were checked against what this worker knew; anyone else's write voids that.
+            if counters is None or counters.pop("steps_changed") != 1 or counters != predicted:
+                raise _HandOver
+    except _HandOver:
+        _reply_record(step, reply, message)
+        return None
+    convo.counters = counters
+    convo.messages.append(message)
+    convo.messages.extend(tool_message(r.step) for r in ran)
+    return next_step
+
+
+def _started_payload(step: Step) -> dict[str, Any]:
+    return step_event_payload(step, status=Step.Status.RUNNING, attempt=step.attempts,
+                              arguments=step.arguments if step.kind == Step.Kind.TOOL else None)
+
+
+def model_steps_run(step: Step, *, deadline: float) -> None:
+    """Drive a model step this worker claimed, and the model steps that follow read-only tool
+    calls, until the tick must take over."""
+    convo = Conversation.load(step, deadline=deadline)
+    current: Step | None = step
+    while current is not None:
+        current = model_step_run(convo, current)

@@ -1,0 +1,107 @@
+"""The engine's decision: a pure function from a snapshot of a turn to the one next action.
+
+No database, no Celery, no clock: ``tick.py`` loads the snapshot under the session lock, asks
+``next_action`` and applies the answer. Only the newest model step and the tool calls it planned
+matter: a model step is created only once every earlier tool step has settled, so older steps are
+history (which also keeps a tick flat in the length of the turn).
+"""
+
+import enum
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessions_app.engine.budgets import Budget, budget_crossed
+from sessions_app.models import Step, Turn
+
+
+class Action(enum.Enum):
+    FINISHED = "finished"            # the turn is over (completed, failed, cancelled): nothing to do
+    WAIT = "wait"                    # a model call, command, approval or client tool is in flight
+    GATE_TOOLS = "gate_tools"        # planned tool calls: gate each (run, grant, ask a reviewer, fail)
+    FAIL_BUDGET = "fail_budget"      # the next call would cross a budget: fail the turn
+    COMPLETE_TURN = "complete_turn"  # the model answered without tool calls: that is the output
+    CLAIM_MODEL = "claim_model"      # call the model here (create the step, or claim the planned one)
+    ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the llm queue (create the step first)
+    CLAIM_TOOL = "claim_tool"        # run an approved in-process tool here
+    ENQUEUE_TOOL = "enqueue_tool"    # hand an approved sandboxed tool to the sandbox queue
+    HAND_OVER = "hand_over"          # this worker's time is up: a fresh tick goes on
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What the decision needs of one step."""
+
+    id: uuid.UUID
+    index: int
+    status: str
+    leased: bool = False        # running under a lease (a worker holds it), not a client tool waiting
+    in_process: bool = False    # a tool that runs in the engine's worker, without the sandbox queue
+    content: str = ""           # a model step's text
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    turn_status: str
+    last_model: StepState | None
+    tools: Sequence[StepState]            # the tool steps the last model step planned, by index
+    counters: Mapping[str, Any]           # the session's counters and budgets (``budgets.session_counters``)
+    turn_seconds: float                   # how long the turn has run
+    on_llm_worker: bool = False           # this worker calls models (the llm queue)
+    fresh: bool = True                    # within this worker's time for inline work (``tick.INLINE_SECONDS``)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    turn_status: str | None = None        # the status the turn must have first (the tick moves it)
+    step_id: uuid.UUID | None = None      # the step acted on; None with CLAIM/ENQUEUE_MODEL: create it
+    new_index: int | None = None          # the index of a model step to create
+    budget: Budget | None = None
+    output_text: str = ""
+
+
+RUNNING, AWAITING, REQUIRES_ACTION = Turn.Status.RUNNING, Turn.Status.AWAITING_APPROVAL, Turn.Status.REQUIRES_ACTION
+
+
+def next_action(s: Snapshot) -> Decision:
+    """The one next action of a turn."""
+    if s.turn_status not in Turn.ACTIVE:
+        return Decision(Action.FINISHED)
+    model = s.last_model
+    if model is not None and model.status == Step.Status.RUNNING:
+        return Decision(Action.WAIT)  # a model call in flight: its worker owns the turn
+    if model is not None and model.status == Step.Status.PLANNED:
+        return Decision(_model_action(s), turn_status=RUNNING, step_id=model.id)
+
+    statuses = {t.status for t in s.tools}
+    if Step.Status.PLANNED in statuses:
+        return Decision(Action.GATE_TOOLS)
+    if any(t.status == Step.Status.RUNNING and t.leased for t in s.tools):
+        return Decision(Action.WAIT)  # a command runs; its task ticks when it is done
+    approved = [t for t in s.tools if t.status == Step.Status.APPROVED]
+    if approved:
+        budget = budget_crossed(s.counters, s.turn_seconds, before="tool")
+        if budget:
+            return Decision(Action.FAIL_BUDGET, turn_status=RUNNING, budget=budget)
+        tool = approved[0]
+        action = Action.ENQUEUE_TOOL if not tool.in_process else Action.CLAIM_TOOL if s.fresh else Action.HAND_OVER
+        return Decision(action, turn_status=RUNNING, step_id=tool.id)
+    if Step.Status.AWAITING_APPROVAL in statuses or Step.Status.IN_DOUBT in statuses:
+        return Decision(Action.WAIT, turn_status=AWAITING)
+    if Step.Status.RUNNING in statuses:  # only client tools (no lease) are left running
+        return Decision(Action.WAIT, turn_status=REQUIRES_ACTION)
+
+    # Every tool step has settled: the model speaks next, or its last answer is the output.
+    if model is not None and model.status == Step.Status.COMPLETED and not s.tools:
+        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=model.content)
+    budget = budget_crossed(s.counters, s.turn_seconds, before="model")
+    if budget:
+        return Decision(Action.FAIL_BUDGET, turn_status=RUNNING, budget=budget)
+    index = max([t.index for t in s.tools] + [model.index if model else -1]) + 1
+    return Decision(_model_action(s), turn_status=RUNNING, new_index=index)
+
+
+def _model_action(s: Snapshot) -> Action:
+    return Action.CLAIM_MODEL if s.on_llm_worker and s.fresh else Action.ENQUEUE_MODEL

@@ -1,0 +1,185 @@
+"""The one-statement record of a step's outcome: the guarded step transitions' fast path.
+
+The model-step loop (``model_step.py``) writes a whole reply at once: the model step completed,
+its read-only tool steps with their results, their events, the counters and the next model
+step, claimed. On PostgreSQL that is one statement of data-modifying CTEs, one round trip
+instead of one per event, counter and row; elsewhere the same rows in several statements.
+
+It guards like the transition services: every ``StepChange`` is checked against the step's
+``TRANSITIONS`` before any SQL is built and applies only while the step is still in its
+``from_status`` (a conditional update, as a claim); every inserted step must be reachable from
+``planned``. The session row is locked first (the lock order of ``sessions_app.locks``).
+"""
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.sql import InsertQuery
+from django.utils import timezone
+
+from agentops.domain import InvalidTransition, NotFound
+from sessions_app import announce
+from sessions_app.events import EVENTS_TABLE, SESSIONS_TABLE, SET_LAST_EVENT_AT, db_uuid, last_event_at_params
+from sessions_app.models import Event, Step, Turn
+
+COUNTERS = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens")
+# What the write returns: the counters and the budgets, so the caller can check the next step.
+SESSION_FIELDS = (*COUNTERS, "wall_seconds", "max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds")
+_TURNS = Turn._meta.db_table
+_STEPS = Step._meta.db_table
+_SET_COUNTERS = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)
+_RETURNING = ", ".join(SESSION_FIELDS)
+
+# (type, step_id, payload) of one event to append.
+EventSpec = tuple[str, uuid.UUID | None, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """Move one step ``from_status`` → ``to`` with ``fields``; applied only while the step is still
+    in ``from_status`` (someone else's move, a cancel say, wins)."""
+
+    step_id: uuid.UUID
+    from_status: str
+    to: str
+    fields: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        Step(status=self.from_status).ensure_can_move_to(self.to)
+
+
+def _check_insert(step: Step) -> None:
+    """A step is inserted in a status its state machine reaches from ``planned``: planned itself,
+    claimed (running), or settled after running (a read-only call run before it was recorded)."""
+    status = step.status
+    if status == Step.Status.PLANNED or Step(status=Step.Status.PLANNED).can_move_to(status):
+        return
+    if status in Step.SETTLED and Step(status=Step.Status.RUNNING).can_move_to(status):
+        return
+    raise InvalidTransition(f"A step cannot be created {status!r}", details={"to": status})
+
+
+def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Sequence[EventSpec],
+                        step_changes: Sequence[StepChange] = (), step_inserts: Sequence[Step] = (),
+                        **counters: int) -> dict[str, Any] | None:
+    """Write one outcome of a turn: events, counter increments (``COUNTERS``), the turn's tokens,
+    conditional step moves and new steps. Call inside atomic(); events are announced after commit.
+
+    Returns the session's ``SESSION_FIELDS`` after the write plus ``steps_changed``, how many step
+    changes applied (fewer than asked: a step moved meanwhile; the caller rolls back). None: no
+    such session.
+    """
+    for step in step_inserts:
+        _check_insert(step)
+    now = timezone.now()
+    add = [int(counters.pop(name, 0)) for name in COUNTERS]
+    if counters:
+        raise TypeError(f"unknown counters {sorted(counters)}")
+    dumped = [json.dumps(payload, cls=DjangoJSONEncoder) for _, _, payload in events]
+    write = _write_postgres if connection.vendor == "postgresql" else _write_portable
+    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts)
+    if written is None:
+        return None
+    last_seq, values, changed = written
+    first_seq = last_seq - len(events) + 1
+    for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True)):
+        event = {"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
+                 "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
+                 "created_at": now.isoformat()}
+        transaction.on_commit(partial(announce.announce_later, event), robust=True)
+    return {**dict(zip(SESSION_FIELDS, values, strict=True)), "steps_changed": changed}
+
+
+# (last_seq, the SESSION_FIELDS after the write, how many step changes applied); None: no session.
+_Written = tuple[int, tuple[Any, ...], int] | None
+
+
+def _change_fields(change: StepChange) -> dict[str, Any]:
+    return {**change.fields, "status": change.to}
+
+
+def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
+                    events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
+                    step_inserts: Sequence[Step]) -> _Written:
+    """The write in several statements (SQLite): the same rows, the same order of locks."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, "
+                       f"{_SET_COUNTERS} WHERE id = %s RETURNING last_seq, {_RETURNING}",
+                       [len(events), *last_event_at_params(now), *add, db_uuid(session_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if not Turn.objects.filter(pk=turn_id, session_id=session_id).update(
+            prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
+            updated_at=now):
+        raise NotFound(f"No turn {turn_id} in session {session_id}")
+    changed = sum(Step.objects.filter(pk=change.step_id, status=change.from_status).update(
+        **_change_fields(change), updated_at=now) for change in step_changes)
+    Step.objects.bulk_create(step_inserts)
+    first_seq = row[0] - len(events) + 1
+    Event.objects.bulk_create([
+        Event(session_id=session_id, seq=first_seq + i, type=type_, turn_id=turn_id, step_id=step_id,
+              payload=payload, created_at=now)
+        for i, (type_, step_id, payload) in enumerate(events)])
+    return row[0], tuple(row[1:]), changed
+
+
+def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
+                    events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
+                    step_inserts: Sequence[Step]) -> _Written:
+    """The write in one statement of data-modifying CTEs. Every CTE after ``s`` reads ``s``, so the
+    session row is locked before any other row."""
+    n, quote = len(events), connection.ops.quote_name
+    # Each CTE with its parameters, in the order of the text.
+    ctes: list[tuple[str, list[Any]]] = [
+        (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS} "
+         f"WHERE id = %s RETURNING last_seq, {_RETURNING})", [n, *last_event_at_params(now), *add, session_id]),
+        (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
+         f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
+         f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",
+         [add[2], add[3], now, turn_id, session_id]),
+    ]
+    if events:
+        values = ", ".join(["(%s::int, %s::text, %s::uuid, %s::jsonb)"] * n)
+        params: list[Any] = [now, session_id]
+        for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True), start=1):
+            params += [i, type_, step_id, text]
+        ctes.append((f"e AS (INSERT INTO {EVENTS_TABLE} (session_id, seq, type, turn_id, step_id, payload, "
+                     f"created_at) SELECT sid.v, s.last_seq - {n} + v.ord, v.type, t.id, v.step_id, v.payload, %s "
+                     f"FROM s, t, (SELECT %s::uuid AS v) AS sid, "
+                     f"(VALUES {values}) AS v(ord, type, step_id, payload))", params))
+    changed = []
+    for k, change in enumerate(step_changes):
+        sets, params = [], []
+        for name, value in {**_change_fields(change), "updated_at": now}.items():
+            field = Step._meta.get_field(name)
+            sets.append(f"{quote(field.column)} = %s")  # type: ignore[union-attr,arg-type]
+            params.append(field.get_db_prep_save(value, connection))  # type: ignore[union-attr]
+        ctes.append((f"u{k} AS (UPDATE {_STEPS} SET {', '.join(sets)} FROM s "
+                     f"WHERE {_STEPS}.id = %s AND {_STEPS}.status = %s RETURNING {_STEPS}.id)",
+                     [*params, change.step_id, change.from_status]))
+        changed.append(f"(SELECT count(*) FROM u{k})")
+    if step_inserts:
+        query = InsertQuery(Step)
+        query.insert_values(Step._meta.concrete_fields, list(step_inserts))
+        ((insert_sql, insert_params),) = query.get_compiler(connection=connection).as_sql()
+        ctes.append((f"i AS ({insert_sql})", list(insert_params)))
+    sql = (f"WITH {', '.join(text for text, _ in ctes)} SELECT last_seq, {_RETURNING}, "
+           f"(SELECT count(*) FROM t), {' + '.join(changed) or '0'} FROM s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [p for _, params in ctes for p in params])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    *values, turns, changed_count = row[1:]
+    if not turns:
+        raise NotFound(f"No turn {turn_id} in session {session_id}")
+    return row[0], tuple(values), changed_count

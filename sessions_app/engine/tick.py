@@ -1,0 +1,142 @@
+"""One engine tick: under the session lock, load the snapshot, ask ``plan.next_action``, apply it.
+
+A tick applies actions until the turn waits, is handed to another queue, or has work claimed for
+this worker; ``turn_advance`` then does that work outside the transaction (a model call, an
+in-process tool) and ticks again. The session lock serialises every write of the session, so the
+decision and its claim are atomic.
+"""
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from agentops import dispatch
+from approvals_app.models import ApprovalRequest
+from sessions_app.engine import llm
+from sessions_app.engine.budgets import session_counters
+from sessions_app.engine.model_step import model_steps_run
+from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
+from sessions_app.engine.tool_steps import runs_in_process, tool_step_claim, tool_step_execute, tool_step_gate
+from sessions_app.engine.turns import turn_fail_budget
+from sessions_app.locks import session_lock_fetch
+from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.services import step_claim, step_create_claimed, turn_transition
+
+INLINE_SECONDS = 30.0  # a worker hands the turn to a fresh task after this long
+
+
+@dataclass
+class Claimed:
+    """Work this worker claimed in a tick: a model step, or a tool step (with its approval)."""
+
+    step: Step
+    session: AgentSession
+    approval: ApprovalRequest | None = None
+
+
+def _state(step: Step) -> StepState:
+    return StepState(id=step.id, index=step.index, status=step.status,
+                     leased=step.lease_expires_at is not None,
+                     in_process=step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
+                     content=str((step.message or {}).get("content") or ""))
+
+
+def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools: list[Step], *,
+              on_llm_worker: bool, fresh: bool) -> Snapshot:
+    turn_seconds = (timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0.0
+    return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
+                    tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
+                    on_llm_worker=on_llm_worker, fresh=fresh)
+
+
+def turn_tick(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False, fresh: bool = True,
+              session_id: uuid.UUID | None = None) -> Claimed | None:
+    """Advance the turn as far as it goes without slow work. Returns the work claimed for this
+    worker, or None: the turn waits, is over, or was handed to another queue (after commit)."""
+    if session_id is None:
+        session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
+        if session_id is None:
+            return None
+    with transaction.atomic():
+        session = session_lock_fetch(session_id)
+        turn = Turn.objects.filter(pk=turn_id).first()
+        if session is None or turn is None:
+            return None
+        last_model = Step.objects.filter(turn=turn, kind=Step.Kind.MODEL).order_by("-index").first()
+        tools = list(Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
+                                         index__gt=last_model.index if last_model else -1).order_by("index"))
+        while True:
+            decision = next_action(_snapshot(turn, session, last_model, tools, on_llm_worker=on_llm_worker,
+                                             fresh=fresh))
+            if decision.turn_status is not None and turn.status != decision.turn_status:
+                turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status)
+            if decision.action != Action.GATE_TOOLS:
+                return _apply(decision, turn, session, last_model, tools)
+            for step in tools:
+                if step.status == Step.Status.PLANNED:
+                    step.status = tool_step_gate(step=step, session=session)
+
+
+def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: Step | None,
+           tools: list[Step]) -> Claimed | None:
+    """Do what the decision says, inside the tick's transaction."""
+    match decision.action:
+        case Action.FINISHED | Action.WAIT:
+            return None
+        case Action.FAIL_BUDGET:
+            assert decision.budget is not None
+            turn_fail_budget(turn_id=turn.id, session_id=session.id, budget=decision.budget)
+            return None
+        case Action.COMPLETE_TURN:
+            turn_transition(turn_id=turn.id, session_id=session.id, to=Turn.Status.COMPLETED,
+                            output_text=decision.output_text)
+            return None
+        case Action.CLAIM_MODEL:
+            if decision.step_id is None:
+                assert decision.new_index is not None
+                step = step_create_claimed(session_id=session.id, turn_id=turn.id, index=decision.new_index,
+                                           kind=Step.Kind.MODEL, lease_seconds=llm.model_lease_seconds(),
+                                           event_type="model.started")
+                return Claimed(step, session)
+            assert last_model is not None
+            claimed = step_claim(step_id=last_model.id, from_status=Step.Status.PLANNED,
+                                 lease_seconds=llm.model_lease_seconds(), event_type="model.started", known=last_model)
+            return Claimed(claimed, session) if claimed else None
+        case Action.ENQUEUE_MODEL:
+            step_id = decision.step_id
+            if step_id is None:
+                assert decision.new_index is not None
+                step_id = Step.objects.create(session=session, turn=turn, index=decision.new_index,
+                                              kind=Step.Kind.MODEL).id
+            dispatch.model_call_enqueue(step_id)
+            return None
+        case Action.CLAIM_TOOL:
+            step = next(t for t in tools if t.id == decision.step_id)
+            return Claimed(step, session, tool_step_claim(step))
+        case Action.ENQUEUE_TOOL:
+            assert decision.step_id is not None
+            dispatch.tool_run_enqueue(decision.step_id)
+            return None
+        case Action.HAND_OVER:
+            dispatch.tick_enqueue(turn.id)
+            return None
+    raise AssertionError(f"unhandled {decision.action}")
+
+
+def turn_advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
+    """Drive a turn until it waits or is handed off: tick, do the claimed work, tick again."""
+    started = time.monotonic()
+    session_id: uuid.UUID | None = None
+    while True:
+        fresh = time.monotonic() - started <= INLINE_SECONDS
+        claimed = turn_tick(turn_id, on_llm_worker=on_llm_worker, fresh=fresh, session_id=session_id)
+        if claimed is None:
+            return
+        session_id = claimed.session.id
+        if claimed.step.kind == Step.Kind.MODEL:
+            model_steps_run(claimed.step, deadline=started + INLINE_SECONDS)
+        else:
+            tool_step_execute(claimed.step, claimed.approval, claimed.session)
