@@ -1,6 +1,5 @@
 import pytest
-from django.contrib.auth.models import Group, User
-from django.db import connection
+from django.contrib.auth.models import User
 
 from tests import factories
 
@@ -39,13 +38,6 @@ def reviewer(db: None) -> User:
 @pytest.fixture
 def agent(db: None) -> factories.AgentProfile:
     return factories.agent_profile()
-
-
-def requires_postgres() -> pytest.MarkDecorator:
-    return pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL row locks")
-
-
-__all__ = ["Group", "requires_postgres"]
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Event, Step, Turn
 from tests import factories
 from tests.concurrency import run_together
-from tests.conftest import requires_postgres
 from tools_app.services import tool_definitions_seed
 
 NumQueries = Callable[..., Any]
@@ -301,7 +300,6 @@ def _race(approval: ApprovalRequest, actors_and_decisions: list[tuple[User, str]
     return run_together([partial(decide, actor, decision) for actor, decision in actors_and_decisions])
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_approval_decide_double_click_records_exactly_one_decision() -> None:
     reviewer = factories.user("race-rev", groups=["reviewers"])
@@ -311,7 +309,6 @@ def test_approval_decide_double_click_records_exactly_one_decision() -> None:
     assert approval.status == "approved" and _decisions(approval) == 1
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_approval_decide_approve_and_reject_racing_one_wins_the_other_409() -> None:
     first = factories.user("race-a", groups=["reviewers"])

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from agentops.embedded_redis import free_port
 from agentops.run import wait_port
 from sessions_app.models import AgentProfile
 from tests import factories
+from tests.helpers import database_url
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -29,14 +29,6 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 PASSWORD = "pw"
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    if connection.vendor != "postgresql":
-        return f"sqlite:///{s['NAME']}"
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 @dataclass
@@ -88,7 +80,7 @@ class Stack:
 def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
     env = dict(os.environ)
     env.update({
-        "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL,
+        "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL,
         "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
         "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
         "DATABASE_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",

@@ -2,53 +2,28 @@
 the scripted model over HTTP through the openai SDK."""
 
 import json
+import os
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine import recovery
 from sessions_app.engine.commands import session_cancel, session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
+from tests.helpers import assert_gap_free, finished, pending_approvals, sandboxed, script, tool
 from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
 
 pytestmark = pytest.mark.usefixtures("celery_worker")
-
-
-
-
-def finished(turn: Turn, timeout: float = 30) -> Turn:
-    def done() -> Turn | None:
-        t = Turn.objects.get(pk=turn.pk)
-        return t if not t.is_active else None
-
-    return wait_for(done, timeout, f"turn {turn.pk} to finish")
-
-
-def pending_approvals(turn: Turn, n: int = 1) -> list[ApprovalRequest]:
-    return wait_for(lambda: (lambda rows: rows if len(rows) >= n else None)(
-        list(ApprovalRequest.objects.filter(turn=turn, status="pending").order_by("step__index"))),
-        what=f"{n} pending approvals")
-
-
-def script(*lines: str) -> str:
-    return "\n".join(lines)
-
-
-def tool(name: str, **arguments: Any) -> str:
-    return f"tool {name} {json.dumps(arguments)}"
-
-
-def assert_gap_free(session: AgentSession) -> None:
-    seqs = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
 
 
 def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[AgentSession, Turn]:
@@ -61,7 +36,7 @@ def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[A
 def _every_timeline_gap_free(transactional_db: None) -> Iterator[None]:
     yield
     for session in AgentSession.objects.all():
-        assert_gap_free(session)
+        assert_gap_free(session.id)
 
 
 @pytest.fixture
@@ -91,7 +66,7 @@ def test_engine_read_only_turn_completes_without_approval(engine_agent: AgentPro
     types = list(Event.objects.filter(session=session).values_list("type", flat=True))
     assert types.count("tool.completed") == 2 and "model.delta" in types and types[-1] == "session.status_changed"
     assert AgentSession.objects.get(pk=session.pk).status == "idle"
-    assert_gap_free(session)
+    assert_gap_free(session.id)
 
 
 def test_engine_mutating_tool_waits_for_approval_then_runs(engine_agent: AgentProfile,
@@ -109,7 +84,7 @@ def test_engine_mutating_tool_waits_for_approval_then_runs(engine_agent: AgentPr
     assert turn.status == "completed"
     assert "run_command: hi" in turn.output_text
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "consumed"
-    assert_gap_free(session)
+    assert_gap_free(session.id)
 
 
 def test_engine_rejection_reason_reaches_the_model(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
@@ -150,17 +125,17 @@ def test_engine_edited_arguments_invalid_for_schema_is_422(engine_agent: AgentPr
 
 def test_engine_expired_approval_is_reported_as_expired(engine_agent: AgentProfile,
                                                         people: tuple[User, User]) -> None:
-    ToolDefinition.objects.filter(name="run_command").update(approval_ttl_seconds=1)
-    tool_definitions_cache_clear()
     session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo x"), "say {results}"))
     (approval,) = pending_approvals(turn)
-    time.sleep(1.1)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     assert recovery.sweep()["approvals_expired"] == 1
     turn = finished(turn)
     assert turn.status == "completed"
     assert "expired" in turn.output_text and "rejected" not in turn.output_text.replace("not rejected", "")
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"
-    assert decide(people[1], approval, decision="approve").status_code == 409
+    late = decide(people[1], approval, decision="approve")
+    assert late.status_code == 409 and late.json()["code"] == "expired"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"
 
 
 def test_engine_parallel_calls_decided_out_of_order(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
@@ -177,7 +152,7 @@ def test_engine_parallel_calls_decided_out_of_order(engine_agent: AgentProfile, 
     turn = finished(turn)
     assert turn.status == "completed"
     assert "second" in turn.output_text and "only the second" in turn.output_text
-    assert_gap_free(session)
+    assert_gap_free(session.id)
 
 
 def test_engine_client_tool_waits_for_output(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
@@ -214,17 +189,17 @@ def test_engine_budget_exceeded_fails_the_turn(engine_agent: AgentProfile, peopl
 
 
 def test_engine_cancel_mid_command_kills_it(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
-    session, turn = start(engine_agent, people[0], script(tool("run_command", command="sleep 60"), "say never"))
+    marker = f"{time.time_ns() % 1000}.{os.getpid() % 1000}"  # a sleep of its own, ~60 s, findable by its argv
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command=f"sleep 6{marker}"),
+                                                          "say never"))
     (approval,) = pending_approvals(turn)
     decide(people[1], approval, decision="approve")
-    wait_for(lambda: Step.objects.get(pk=approval.step_id).status == "running", what="command to start")
-    started = time.monotonic()
+    wait_for(lambda: sandboxed(f"sleep 6{marker}"), what="the command's process")
     session_cancel(session_id=session.id, actor=people[0])
     assert Turn.objects.get(pk=turn.pk).status == "cancelled"
     wait_for(lambda: Event.objects.filter(session=session, type="tool.cancelled").exists(), what="cancel event")
-    # The sandbox sees the cancelled step and kills the command well before its 60 s.
-    wait_for(lambda: not Step.objects.filter(pk=approval.step_id, lease_expires_at__isnull=False).exists()
-             or time.monotonic() - started > 5, timeout=10)
+    # The sandbox sees the cancelled step and kills the command long before its minute is up.
+    wait_for(lambda: not sandboxed(f"sleep 6{marker}"), timeout=15, what="the command to be killed")
     assert Step.objects.get(pk=approval.step_id).status == "cancelled"
     assert AgentSession.objects.get(pk=session.pk).status == "idle"
 

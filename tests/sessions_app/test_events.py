@@ -11,7 +11,6 @@ from sessions_app.events import event_record
 from sessions_app.models import Event
 from tests import factories
 from tests.concurrency import run_together
-from tests.conftest import requires_postgres
 
 
 def _seqs(session_id: uuid.UUID) -> list[int]:
@@ -47,7 +46,6 @@ def test_event_record_unknown_session_is_not_found() -> None:
         event_record(session_id=uuid.uuid4(), type="custom.x")
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_event_record_concurrent_writers_gap_free() -> None:
     session = factories.session()
@@ -183,7 +181,6 @@ def test_step_outcome_record_unknown_turn_or_session_changes_nothing() -> None:
                                    events=[("custom.x", None, {})]) is None
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_step_outcome_record_and_event_record_concurrent_writers_gap_free() -> None:
     from sessions_app.engine.record import step_outcome_record

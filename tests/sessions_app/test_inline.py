@@ -20,14 +20,11 @@ from sessions_app.engine.prompt import build_messages
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import session_create, turn_create
 from tests import factories
+from tests.helpers import assert_gap_free, tool
 from tests.waiting import wait_for
 from tools_app.selectors import tool_definitions_cache_clear
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def tool(name: str, **arguments: Any) -> str:
-    return f"tool {name} {json.dumps(arguments)}"
 
 
 @pytest.fixture
@@ -46,11 +43,6 @@ def run_turn(agent: AgentProfile, owner: User, text: str, **budget: int) -> Turn
 def engine_events(session_id: Any) -> list[str]:
     return [t for t in Event.objects.filter(session_id=session_id).order_by("seq").values_list("type", flat=True)
             if t.split(".")[0] in ("model", "tool") and t != "model.delta"]
-
-
-def assert_gap_free(session_id: Any) -> None:
-    seqs = list(Event.objects.filter(session_id=session_id).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
 
 
 def test_inline_read_only_turn_records_every_step_and_counter(engine_agent: AgentProfile, owner: User) -> None:

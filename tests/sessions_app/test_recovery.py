@@ -6,31 +6,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
 from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
+from tests.helpers import assert_gap_free, database_url, finished, sandboxed
 from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
@@ -41,7 +33,7 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(*, failpoint: str = "", beat: bool = False, marker: Path | None = None) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL,
+        env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
                # Short leases: a model step's is 4 x 1 s + the retry delays + 1 s.
@@ -61,8 +53,6 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
 
 
 def _setup(scripted_model_url: str) -> tuple[AgentProfile, User, User]:
@@ -99,16 +89,6 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _finished(turn: Turn, timeout: float = 60) -> Turn:
-    return wait_for(lambda: (lambda t: t if not t.is_active else None)(Turn.objects.get(pk=turn.pk)), timeout,
-                    "the turn to finish")
-
-
-def _gap_free(turn: Turn) -> None:
-    seqs = list(Event.objects.filter(session_id=turn.session_id).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
-
-
 def test_recovery_worker_killed_during_send_email_sends_exactly_one(
         worker_process: WorkerFactory, scripted_model_url: str) -> None:
     agent, operator, reviewer = _setup(scripted_model_url)
@@ -124,13 +104,13 @@ def test_recovery_worker_killed_during_send_email_sends_exactly_one(
     assert Step.objects.get(pk=approval.step_id).status == "running"
     _kill(first)
     worker_process(beat=True)
-    turn = _finished(turn)
+    turn = finished(turn)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert Outbox.objects.filter(to="cfo@example.com").count() == 1
     step = Step.objects.get(pk=approval.step_id)
     assert step.status == "completed" and step.attempts == 2
     assert Event.objects.filter(step_id=step.id, type="step.recovered", payload__outcome="retry").exists()
-    _gap_free(turn)
+    assert_gap_free(turn.session_id)
 
 
 def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_doubt(
@@ -144,23 +124,24 @@ def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_do
     # The workspace changed since the command started: never replayed blindly, a reviewer decides.
     recovery_request = _approve_first(turn, reviewer, kind="recovery", decision="mark_done")
     assert Step.objects.get(pk=approval.step_id).status == "completed"
-    turn = _finished(turn)
+    turn = finished(turn)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert (workspace / "count.txt").read_text() == "ran\n"  # the command ran once
     assert recovery_request.step_id == approval.step_id
     assert Event.objects.filter(step_id=approval.step_id, type="tool.in_doubt").exists()
-    _gap_free(turn)
+    assert_gap_free(turn.session_id)
 
 
 def test_recovery_worker_killed_before_command_changed_anything_retries_it(
         worker_process: WorkerFactory, scripted_model_url: str) -> None:
+    marker = f"2.{os.getpid() % 1000}"  # a sleep of ~2 s of this test's own, findable by its argv
     _reviewer, first, session, turn, approval = _approved_command(
-        worker_process, scripted_model_url, "sleep 2; echo ran >> count.txt")
-    wait_for(lambda: Step.objects.filter(pk=approval.step_id, status="running").exists(), 60, "the command")
-    time.sleep(0.5)
+        worker_process, scripted_model_url, f"sleep {marker}; echo ran >> count.txt")
+    # The command runs and has not changed anything yet (its effect comes after the sleep).
+    wait_for(lambda: sandboxed(f"sleep {marker}"), 60, "the command's process")
     _kill(first)
     worker_process(beat=True)
-    turn = _finished(turn)
+    turn = finished(turn)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     workspace = Path(settings.AGENTOPS_WORKSPACE_ROOT) / str(session.id)
     assert (workspace / "count.txt").read_text() == "ran\n"
@@ -184,11 +165,11 @@ def test_recovery_worker_killed_during_inline_read_only_calls_reruns_the_model_s
     assert not Step.objects.filter(turn=turn, kind="tool").exists()  # nothing of the reply is recorded yet
     _kill(first)
     worker_process(beat=True)
-    turn = _finished(turn, timeout=90)
+    turn = finished(turn, timeout=90)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status", "attempts"))
     assert steps == [("model", "completed", 2), ("tool", "completed", 1), ("model", "completed", 1),
                      ("tool", "completed", 1), ("model", "completed", 1)]
     assert Event.objects.filter(step_id=model_step.id, type="step.recovered", payload__outcome="retry").exists()
     assert turn.output_text.count("list_files:") == 2
-    _gap_free(turn)
+    assert_gap_free(turn.session_id)

@@ -11,7 +11,6 @@ from sessions_app.models import AgentSession, Event, Step, Turn
 from sessions_app.services import session_transition, step_transition, turn_transition
 from tests import factories
 from tests.concurrency import run_together
-from tests.conftest import requires_postgres
 
 
 def _pairs(model: Any) -> list[tuple[str, str]]:
@@ -115,7 +114,6 @@ def test_check_constraint_rejects_unknown_status() -> None:
         Turn.objects.filter(pk=turn.pk).update(status="bogus")
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_turn_transition_racing_moves_yield_exactly_one() -> None:
     turn = _turn_in("running")

@@ -1,0 +1,133 @@
+"""The approvals services and selectors, called directly: the hash, consumption, grants, expiry."""
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from agentops.domain import Conflict
+from approvals_app import selectors, services
+from approvals_app.models import ApprovalGrant, ApprovalRequest
+from sessions_app.models import Step
+from tests import factories
+from tools_app.services import tool_definitions_seed
+
+pytestmark = pytest.mark.django_db
+
+
+def _pending(**step_fields: Any) -> ApprovalRequest:
+    tool_definitions_seed()
+    turn = factories.turn(factories.session(owner=factories.user(groups=["operators"])))
+    step_fields.setdefault("tool_name", "run_command")
+    step_fields.setdefault("arguments", {"command": "make deploy"})
+    step = factories.step(turn, call_id=f"call_{uuid.uuid4().hex[:8]}", approval_mode="mutating", **step_fields)
+    return services.approval_request_create(step_id=step.id, sandbox_backend="bubblewrap", network_policy="none")
+
+
+@pytest.fixture
+def reviewer(db: None) -> User:
+    return factories.user("rev", groups=["reviewers"])
+
+
+def _approved(reviewer: User) -> ApprovalRequest:
+    approval = _pending()
+    return services.approval_decide(request_id=approval.request_id, actor=reviewer, decision="approve",
+                                    seen_hash=approval.arguments_sha256)
+
+
+# --- the hash binds what is approved ------------------------------------------------------------
+
+
+def test_arguments_hash_covers_tool_arguments_backend_and_network() -> None:
+    base: dict[str, Any] = {"tool_name": "run_command", "arguments": {"command": "ls"}, "sandbox_backend": "bubblewrap",
+            "network_policy": "none"}
+    reference = services.arguments_hash(**base)
+    for change in ({"tool_name": "http_request"}, {"arguments": {"command": "ls -a"}},
+                   {"sandbox_backend": "unsafe-subprocess"}, {"network_policy": "host"}):
+        assert services.arguments_hash(**{**base, **change}) != reference, change
+    # Key order does not matter: the hash is taken over canonical JSON.
+    assert services.arguments_hash(**{**base, "arguments": {"b": 1, "a": 2}}) == services.arguments_hash(
+        **{**base, "arguments": {"a": 2, "b": 1}})
+
+
+def test_approval_consume_once_then_refused(reviewer: User) -> None:
+    approval = _approved(reviewer)
+    consumed = services.approval_consume(request_id=approval.request_id)
+    assert consumed.status == "consumed" and consumed.consumed_at is not None
+    with pytest.raises(Conflict) as refused:
+        services.approval_consume(request_id=approval.request_id)
+    assert refused.value.code == "not_approved"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "consumed"
+
+
+def test_approval_consume_refuses_arguments_altered_after_the_decision(reviewer: User) -> None:
+    approval = _approved(reviewer)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(arguments={"command": "rm -rf /"})
+    with pytest.raises(services.StaleArguments):
+        services.approval_consume(request_id=approval.request_id)
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "approved"
+
+
+def test_approval_consume_refuses_a_policy_altered_after_the_decision(reviewer: User) -> None:
+    approval = _approved(reviewer)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(network_policy="host")
+    with pytest.raises(services.StaleArguments):
+        services.approval_consume(request_id=approval.request_id)
+
+
+def test_approval_consume_of_a_pending_request_is_refused() -> None:
+    approval = _pending()
+    with pytest.raises(Conflict):
+        services.approval_consume(request_id=approval.request_id)
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+
+
+# --- grants ------------------------------------------------------------------------------------------
+
+
+def _grant(**fields: Any) -> ApprovalGrant:
+    session = factories.session()
+    return ApprovalGrant.objects.create(session=session, tool_name="write_file", **fields)
+
+
+def test_grant_is_live_for_a_plain_grant() -> None:
+    grant = _grant()
+    assert selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
+    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="run_command")
+
+
+def test_grant_is_live_not_for_a_revoked_grant() -> None:
+    grant = _grant(revoked_at=timezone.now())
+    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
+
+
+def test_grant_is_live_not_for_an_expired_grant() -> None:
+    grant = _grant(expires_at=timezone.now() - timedelta(seconds=1))
+    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
+    later = _grant(expires_at=timezone.now() + timedelta(hours=1))
+    assert selectors.grant_is_live(session_id=later.session_id, tool_name="write_file")
+
+
+# --- expiry ------------------------------------------------------------------------------------------
+
+
+def test_approval_decide_after_the_deadline_is_409_expired_and_the_expiry_is_kept(reviewer: User) -> None:
+    approval = _pending()
+    ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(Conflict) as refused:
+        services.approval_decide(request_id=approval.request_id, actor=reviewer, decision="approve")
+    assert refused.value.code == "expired"
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"
+    assert Step.objects.get(pk=approval.step_id).status == "expired"
+
+
+def test_approval_expire_due_expires_only_what_is_due() -> None:
+    due, later = _pending(), _pending()
+    ApprovalRequest.objects.filter(pk=due.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert services.approval_expire_due() == 1
+    assert ApprovalRequest.objects.get(pk=due.pk).status == "expired"
+    assert ApprovalRequest.objects.get(pk=later.pk).status == "pending"
+    assert services.approval_expire_due() == 0

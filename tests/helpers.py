@@ -1,0 +1,70 @@
+"""Helpers shared by the tests: scripts for the scripted model, waiting on the engine, the
+database URL for worker subprocesses, and finding sandboxed processes."""
+
+import json
+from typing import Any
+
+import psutil
+from django.db import connection
+
+from approvals_app.models import ApprovalRequest
+from sessions_app.models import Event, Turn
+from tests.waiting import wait_for
+
+
+def script(*lines: str) -> str:
+    """A script for the scripted model: one response per line (see scripted_model's docstring)."""
+    return "\n".join(lines)
+
+
+def tool(name: str, **arguments: Any) -> str:
+    """A script line asking for one tool call."""
+    return f"tool {name} {json.dumps(arguments)}"
+
+
+def finished(turn: Turn, timeout: float = 30) -> Turn:
+    """Wait until the turn is over; return it as stored."""
+    def done() -> Turn | None:
+        row = Turn.objects.get(pk=turn.pk)
+        return row if not row.is_active else None
+
+    result: Turn = wait_for(done, timeout, f"turn {turn.pk} to finish")
+    return result
+
+
+def pending_approvals(turn: Turn, n: int = 1, *, kind: str = "tool", timeout: float = 30) -> list[ApprovalRequest]:
+    """Wait until the turn has ``n`` pending requests of ``kind``; return them in step order."""
+    def enough() -> list[ApprovalRequest] | None:
+        rows = list(ApprovalRequest.objects.filter(turn=turn, kind=kind, status="pending").order_by("step__index"))
+        return rows if len(rows) >= n else None
+
+    result: list[ApprovalRequest] = wait_for(enough, timeout, f"{n} pending {kind} requests")
+    return result
+
+
+def assert_gap_free(session_id: Any) -> None:
+    """The session's events have seqs 1..n, none missing, none twice."""
+    seqs = list(Event.objects.filter(session_id=session_id).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def database_url() -> str:
+    """The test database as a DATABASE_URL, for the worker and web processes a test starts."""
+    s = connection.settings_dict
+    if connection.vendor != "postgresql":
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def sandboxed(marker: str) -> list[psutil.Process]:
+    """The live processes whose command line carries ``marker`` (bubblewrap itself excluded)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if marker in cmdline and "bwrap" not in cmdline and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
