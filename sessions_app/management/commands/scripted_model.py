@@ -1,11 +1,11 @@
-"""`python manage.py scripted_model --port N`: the offline model server (see sessions_app.scripted_model)."""
+"""`python manage.py scripted_model --port N`: the offline model server (see the scripted_model package)."""
 
 import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from sessions_app.scripted_model import DEFAULT_PORT, serve
+from scripted_model.server import DEFAULT_PORT, serve
 
 
 class Command(BaseCommand):

@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from sessions_app.scripted_model import (
+from scripted_model.server import (
     DEMO_RESTART_COMMAND,
     DEMO_STARTER_FILES,
     SCRIPT_FINISHED_TEXT,

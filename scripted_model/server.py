@@ -1,7 +1,7 @@
 """A deterministic OpenAI-compatible chat server that plays scripts written in the user message.
 
 It exists so the whole product, and its tests, run offline through the real openai SDK code path.
-Standard library only and no Django import: it also runs as `python -m sessions_app.scripted_model`.
+Standard library only and no Django import: it also runs as `python -m scripted_model`.
 
 Script lines (found in the latest user message, one model response per line):
     tool <name> <json object>     one tool call
