@@ -5,7 +5,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -225,16 +225,22 @@ def start_in_thread(
     return server, server.base_url
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Deterministic OpenAI-compatible scripted model server.")
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server's options, shared by `python -m scripted_model` and `manage.py scripted_model`
+    so the two command lines cannot drift apart."""
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     parser.add_argument(
         "--api-key",
         default=os.environ.get("SCRIPTED_MODEL_API_KEY") or None,
-        help="reject other bearer keys with 401 (default: $SCRIPTED_MODEL_API_KEY; unset = any key)",
+        help="reject other bearer keys with 401 (default: $SCRIPTED_MODEL_API_KEY; unset accepts any key)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not log each request")
-    options = parser.parse_args(argv)
-    serve(options.host, options.port, options.api_key, log_requests=not options.quiet)
 
+
+def serve_from_arguments(options: Mapping[str, Any], *, on_ready: Callable[[str], None] | None = None) -> None:
+    """`serve` with the options `add_server_arguments` defined, as argparse's `vars(namespace)` or a
+    management command's `options`."""
+    serve(
+        options["host"], options["port"], options["api_key"], on_ready=on_ready, log_requests=not options["quiet"]
+    )
