@@ -15,5 +15,6 @@ model advances one line each time the product has fed back the tool results of t
 Without script lines it plays the built-in incident-investigation demo (`scripted_model.demo`).
 
 Modules, by concern: `script` (parsing the lines above), `demo`, `planner` (reading the
-conversation, choosing the reply), `protocol` (the OpenAI wire format), `server` (HTTP).
+conversation, choosing the reply), `protocol` (the OpenAI wire format), `server` (HTTP) and
+`request_log` (what was answered, for tests to wait on instead of sleeping).
 """

@@ -32,6 +32,8 @@ class Reply:
     completion_tokens: int
     sleep_ms: int = 0
     error_status: int | None = None
+    # The script position answered (0 for a script that does not parse: its error is the answer).
+    position: int = 0
     # Identifies "this conversation at this script line": an `error` fires once per key.
     position_key: str = ""
     response_id: str = ""
@@ -79,6 +81,12 @@ def _latest_user_index(messages: list[dict[str, Any]]) -> int:
     return -1
 
 
+def latest_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the latest user message: the script being played ("" when there is none)."""
+    latest_user = _latest_user_index(messages)
+    return content_text(messages[latest_user].get("content")) if latest_user >= 0 else ""
+
+
 def format_results(messages: list[dict[str, Any]]) -> str:
     """One line per tool result after the latest user message: `<tool name>: <first 200 chars>`.
 
@@ -105,7 +113,7 @@ def _estimate_tokens(chars: int) -> int:
 def plan_reply(messages: list[dict[str, Any]]) -> Reply:
     """Decide the model's answer to a conversation. Pure: the same messages give the same reply."""
     latest_user = _latest_user_index(messages)
-    script_text = content_text(messages[latest_user].get("content")) if latest_user >= 0 else ""
+    script_text = latest_user_text(messages)
     position = sum(1 for m in messages[latest_user + 1 :] if m.get("role") == "assistant")
     digest = conversation_hash(messages)
     prompt_chars = sum(
@@ -147,6 +155,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
             completion_tokens=_estimate_tokens(output_chars),
             sleep_ms=step.sleep_ms,
             error_status=step.error_status,
+            position=position,
             position_key=position_key,
             response_id=f"chatcmpl-{digest[:24]}",
         )
@@ -159,6 +168,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
         completion_tokens=_estimate_tokens(len(text)),
         sleep_ms=step.sleep_ms,
         error_status=step.error_status,
+        position=position,
         position_key=position_key,
         response_id=f"chatcmpl-{digest[:24]}",
     )
