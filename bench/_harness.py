@@ -92,7 +92,7 @@ def bench_agent(slug: str, model_url: str) -> tuple[Any, Any]:
 def start_model() -> tuple[Any, str]:
     """The scripted model on a thread of this process (a client closing a keep-alive connection
     makes the stdlib server print a ConnectionResetError traceback: kept out of the output)."""
-    from sessions_app.scripted_model import start_in_thread
+    from scripted_model.server import start_in_thread
 
     server, url = start_in_thread(port=0)
     server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]

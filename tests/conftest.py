@@ -56,7 +56,7 @@ def celery_worker(transactional_db: None):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def scripted_model_url() -> str:  # type: ignore[misc]
     """The scripted OpenAI-compatible model, served over real HTTP for the whole run."""
-    from sessions_app.scripted_model import start_in_thread
+    from scripted_model.server import start_in_thread
 
     server, url = start_in_thread(port=0)
     yield url

@@ -213,7 +213,7 @@ def test_engine_model_500_once_then_success(engine_agent: AgentProfile, people: 
 
 def test_engine_model_401_fails_at_once(engine_agent: AgentProfile, people: tuple[User, User],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from sessions_app.scripted_model import start_in_thread
+    from scripted_model.server import start_in_thread
 
     server, url = start_in_thread(port=0, api_key="right-key")
     try:

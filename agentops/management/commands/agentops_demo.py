@@ -37,7 +37,7 @@ class Command(BaseCommand):
         base_url, model = options["model_url"], "scripted-demo"
         if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
             base_url, model = os.environ.get("OPENAI_BASE_URL", ""), os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
-        from sessions_app.scripted_model import DEMO_STARTER_FILES
+        from scripted_model.demo import DEMO_STARTER_FILES
 
         profile, _ = AgentProfile.objects.update_or_create(
             slug="incident-responder",

@@ -1,0 +1,20 @@
+"""A deterministic OpenAI-compatible chat server that plays scripts written in the user message.
+
+It exists so the whole product, and its tests, run offline through the real openai SDK code path.
+Standard library only and no Django import. Start it with `python -m scripted_model --port N`
+(or `python manage.py scripted_model`), or in-process with `scripted_model.server.start_in_thread`.
+
+Script lines (found in the latest user message, one model response per line):
+    tool <name> <json object>     one tool call
+    parallel / tool ... / end     several tool calls in one response
+    say <text>                    the final answer; `{results}` expands to this turn's tool results
+    sleep <ms>                    delay the next response
+    error <http status>           fail the next response once; a retry of the same position succeeds
+The script position is the number of assistant messages after the latest user message, so the
+model advances one line each time the product has fed back the tool results of the previous one.
+Without script lines it plays the built-in incident-investigation demo (`scripted_model.demo`).
+
+Modules, by concern: `script` (parsing the lines above), `demo`, `planner` (reading the
+conversation, choosing the reply), `protocol` (the OpenAI wire format), `server` (HTTP) and
+`request_log` (what was answered, for tests to wait on instead of sleeping).
+"""

@@ -1,0 +1,38 @@
+"""The HTTP server: concurrent answers and the API key."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from openai import OpenAI
+
+from scripted_model.server import start_in_thread
+from tests.scripted_model.chat import ask
+
+
+def test_scripted_model_serves_requests_concurrently(client: OpenAI) -> None:
+    scripts = [f"sleep 400\nsay answer {n}" for n in range(4)]
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda s: ask(client, [{"role": "user", "content": s}]), scripts))
+    elapsed = time.monotonic() - started
+
+    assert [a.choices[0].message.content for a in answers] == [f"answer {n}" for n in range(4)]
+    assert elapsed < 1.2  # one sleeping answer must not hold up the others (serial would be 1.6 s)
+
+
+def test_scripted_model_rejects_wrong_api_key() -> None:
+    server, base_url = start_in_thread(api_key="right")
+    try:
+        with pytest.raises(openai.AuthenticationError) as failure:
+            OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+        models = OpenAI(base_url=base_url, api_key="right", max_retries=0).models.list()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert failure.value.status_code == 401
+    assert failure.value.code == "invalid_api_key"
+    assert [m.id for m in models.data] == ["scripted"]
