@@ -219,6 +219,14 @@ def step_transition(*, step_id: uuid.UUID | str, to: str, event_type: str | None
     return step
 
 
+def step_result_dropped(step: Step, event_type: str) -> None:
+    """Record that a step's work finished after the step was settled (cancelled): its result is not
+    kept, and the timeline says so instead of staying silent."""
+    status = Step.objects.filter(pk=step.id).values_list("status", flat=True).first()
+    event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type=event_type,
+                 payload=step_event_payload(step, status=status or "", dropped=True))
+
+
 def worker_id() -> str:
     """Who holds a lease: this host and thread."""
     return f"{socket.gethostname()}:{threading.get_ident()}"

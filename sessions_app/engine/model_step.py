@@ -41,7 +41,7 @@ from sessions_app.engine.tool_steps import (
 from sessions_app.engine.turns import turn_fail
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step, Turn
-from sessions_app.services import step_event_payload, step_running, step_transition
+from sessions_app.services import step_event_payload, step_result_dropped, step_running, step_transition
 from tools_app.builtin import execute_tool, validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.selectors import tool_definitions_by_name
@@ -111,11 +111,13 @@ def model_reply_record(*, step: Step, reply: llm.ModelReply, message: dict[str, 
 
 
 def _reply_record(step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> None:
-    """``model_reply_record``, where a step settled meanwhile (cancelled) keeps its end."""
+    """``model_reply_record``, where a step settled meanwhile (cancelled) keeps its end: the reply
+    is dropped, and the timeline says so."""
     try:
         model_reply_record(step=step, reply=reply, message=message)
     except InvalidTransition:
         log.info("model step %s was settled meanwhile (cancelled?); its reply is dropped", step.id)
+        step_result_dropped(step, "model.reply_dropped")
 
 
 def model_failure_record(step: Step, exc: llm.ModelCallFailed) -> None:

@@ -27,7 +27,13 @@ from approvals_app.selectors import approval_approved_for_step, grant_is_live
 from approvals_app.services import approval_consume, approval_request_create
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step
-from sessions_app.services import artifact_record, lease_seconds_for, step_claim, step_transition
+from sessions_app.services import (
+    artifact_record,
+    lease_seconds_for,
+    step_claim,
+    step_result_dropped,
+    step_transition,
+)
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
@@ -242,6 +248,7 @@ def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | No
                 artifact_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, **item)
     except InvalidTransition:
         log.info("step %s was settled meanwhile (cancelled?); its result is dropped", step.id)
+        step_result_dropped(step, "tool.result_dropped")
         return None
     return moved
 

@@ -11,6 +11,7 @@ import httpx
 import psutil
 
 from agentops.embedded_redis import free_port
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +52,9 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-    time.sleep(0.5)
-    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], [c.cmdline() for c in alive]
+    def alive() -> list[psutil.Process]:
+        return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    # Every child stops with make run (polled: a child may take a moment to exit after SIGTERM).
+    wait_for(lambda: not alive(), 10, "every child of make run to exit")
     assert proc.returncode == 0

@@ -4,7 +4,6 @@ against the database and the scripted model over HTTP; cancel and approvals thro
 Celery worker."""
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -153,9 +152,12 @@ def test_inline_cancel_while_the_model_answers_records_nothing_after_it(engine_a
     wait_for(lambda: Step.objects.filter(turn=turn, kind="model", index=2, status="running").exists(), 30,
              "the second model call")
     session_cancel(session_id=session.id, actor=owner)
-    # The reply arrives after the cancel: its write finds the step cancelled and records nothing.
+    # The reply arrives after the cancel: its write finds the step cancelled, keeps nothing of it,
+    # and says so (the barrier: the worker got past the point where it would have recorded it).
     wait_for(lambda: Event.objects.filter(session=session, type="model.cancelled").exists(), 30, "the cancel")
-    time.sleep(3.5)  # past the model's delayed answer
+    dropped = wait_for(lambda: Event.objects.filter(session=session, type="model.reply_dropped").first(), 30,
+                       "the late reply to be dropped")
+    assert dropped.payload["status"] == "cancelled" and dropped.payload["index"] == 2
     assert Turn.objects.get(pk=turn.pk).status == "cancelled"
     steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status"))
     assert steps == [("model", "completed"), ("tool", "completed"), ("model", "cancelled")]
