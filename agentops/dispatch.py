@@ -1,14 +1,23 @@
-"""The one way work is handed to a worker: enqueue a task by name, after commit.
+"""The one way work is handed to a worker: by name, after commit.
 
 Nothing below the interfaces imports a Celery task: the engine and the approvals send by name
 (the routes in settings map each name to its queue), so no layer calls back into ``tasks.py``,
 and nothing is enqueued for a write that then rolls back. Outside a transaction the send happens
 at once (``on_commit`` runs immediately in autocommit mode).
+
+Model calls go to the model gateway through a Redis stream with a consumer group: a gateway reads
+an entry, claims the step in the database, then acknowledges it; an entry a dead gateway read but
+never acknowledged is claimed again by another (XAUTOCLAIM). Delivery is at least once; the step's
+claim in the database makes a second delivery do nothing.
 """
 
 import logging
+import threading
 import uuid
+from collections.abc import Callable
 
+import redis
+from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
@@ -17,31 +26,46 @@ from agentops.celery import app
 log = logging.getLogger(__name__)
 
 TURN_ADVANCE = "sessions_app.tasks.turn_advance_task"
-MODEL_CALL = "sessions_app.tasks.model_call_task"
 TOOL_RUN = "sessions_app.tasks.tool_run_task"
+MODEL_STREAM = "agentops:model-steps"
+MODEL_GROUP = "gateways"
+
+_redis: redis.Redis | None = None
+_redis_lock = threading.Lock()
 
 
-def _send_on_commit(task_name: str, object_id: uuid.UUID | str) -> None:
-    def send() -> None:
+def redis_client() -> redis.Redis:
+    """This process's Redis client for the model stream (one connection pool per process)."""
+    global _redis
+    with _redis_lock:
+        if _redis is None:
+            _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5,
+                                          health_check_interval=30)
+        return _redis
+
+
+def _on_commit(what: str, send: Callable[[], object]) -> None:
+    def run() -> None:
         try:
-            app.send_task(task_name, args=[str(object_id)])
-        except (OperationalError, OSError):
+            send()
+        except (OperationalError, redis.RedisError, OSError):
             # The broker is down: the write is committed and the sweeper re-drives quiet turns.
-            log.exception("could not enqueue %s(%s); the recovery sweeper will pick it up", task_name, object_id)
+            log.exception("could not hand over %s; the recovery sweeper will pick it up", what)
 
-    transaction.on_commit(send)
+    transaction.on_commit(run)
 
 
 def tick_enqueue(turn_id: uuid.UUID | str) -> None:
-    """Wake the engine for a turn (queue ``engine``)."""
-    _send_on_commit(TURN_ADVANCE, turn_id)
-
-
-def model_call_enqueue(step_id: uuid.UUID | str) -> None:
-    """Hand a planned model step to the model workers (queue ``llm``)."""
-    _send_on_commit(MODEL_CALL, step_id)
+    """Wake the engine for a turn (Celery queue ``engine``)."""
+    _on_commit(f"tick {turn_id}", lambda: app.send_task(TURN_ADVANCE, args=[str(turn_id)]))
 
 
 def tool_run_enqueue(step_id: uuid.UUID | str) -> None:
-    """Hand an approved tool step to the sandbox workers (queue ``sandbox``)."""
-    _send_on_commit(TOOL_RUN, step_id)
+    """Hand an approved tool step to the sandbox workers (Celery queue ``sandbox``)."""
+    _on_commit(f"tool step {step_id}", lambda: app.send_task(TOOL_RUN, args=[str(step_id)]))
+
+
+def model_call_enqueue(step_id: uuid.UUID | str) -> None:
+    """Hand a planned model step to the model gateway (the Redis stream ``MODEL_STREAM``)."""
+    _on_commit(f"model step {step_id}",
+               lambda: redis_client().xadd(MODEL_STREAM, {"step_id": str(step_id)}))

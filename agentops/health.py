@@ -1,5 +1,6 @@
 """GET /healthz: the state of the database, Redis and the workers."""
 
+import json
 import logging
 from typing import Any
 
@@ -42,6 +43,22 @@ def _check_workers() -> dict[str, Any]:
             **({} if names else {"error": "no Celery worker answered"})}
 
 
+def _check_gateways() -> dict[str, Any]:
+    """The model gateways that said they are alive in the last half minute (their heartbeat keys)."""
+    from sessions_app.engine.gateway import HEARTBEAT_KEY
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+        states = [json.loads(raw) for key in client.scan_iter(f"{HEARTBEAT_KEY}*", count=100)
+                  if (raw := client.get(key))]
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)[:300], "count": 0}
+    names = sorted(state["name"] for state in states)
+    return {"ok": bool(names), "count": len(names), "names": names,
+            "in_flight": sum(int(state.get("in_flight", 0)) for state in states),
+            **({} if names else {"error": "no model gateway is running"})}
+
+
 def _check_sandbox() -> dict[str, Any]:
     try:
         from tools_app.sandbox import sandbox_status
@@ -57,9 +74,11 @@ def _check_sandbox() -> dict[str, Any]:
 def healthz_view(request: HttpRequest) -> JsonResponse:
     checks = {"database": _check_database(), "redis": _check_redis()}
     # Workers are reached through Redis: without it the answer is known.
-    checks["workers"] = _check_workers() if checks["redis"]["ok"] else {"ok": False, "error": "redis down"}
+    down = {"ok": False, "error": "redis down"}
+    checks["workers"] = _check_workers() if checks["redis"]["ok"] else down
+    checks["gateways"] = _check_gateways() if checks["redis"]["ok"] else down
     checks["sandbox"] = _check_sandbox()
-    failing = [name for name in ("database", "redis", "workers") if not checks[name]["ok"]]
+    failing = [name for name in ("database", "redis", "workers", "gateways") if not checks[name]["ok"]]
     body = {"status": "ok" if not failing else "degraded", "failing": failing, "checks": checks}
     response = JsonResponse(body, status=503 if failing else 200)
     if failing:

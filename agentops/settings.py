@@ -79,9 +79,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}
 else:
-    # Keep connections: a fresh connection per event costs more than the event.
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # A bounded pool per process: a thread takes a connection for a unit of work and hands it back
+    # (CONN_MAX_AGE=0 closes into the pool). Persistent per-thread connections leak under ASGI and
+    # thread pools: one per thread, until PostgreSQL refuses new clients.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "pool": {"min_size": env.int("AGENTOPS_DB_POOL_MIN", default=1),
+                 "max_size": env.int("AGENTOPS_DB_POOL_SIZE", default=10),
+                 "timeout": env.float("AGENTOPS_DB_POOL_TIMEOUT", default=30.0)},
+    }
     if env.str("DATABASE_TEST_NAME", default=""):  # parallel test runs on one server
         DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -112,10 +119,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 AGENTOPS_MAX_TOOL_TIMEOUT = env.int("AGENTOPS_MAX_TOOL_TIMEOUT", default=3600)
 # Longer than the longest tool timeout: otherwise a long command is redelivered to a
 # second worker while the first still runs.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": AGENTOPS_MAX_TOOL_TIMEOUT + 600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": AGENTOPS_MAX_TOOL_TIMEOUT + 600,
+    # kombu's Redis pool defaults to 10 connections: under load acks fail ("Couldn't ack") and the
+    # unacked messages come back as duplicates. Size it above the worker's concurrency.
+    "max_connections": env.int("AGENTOPS_BROKER_MAX_CONNECTIONS", default=64),
+}
 CELERY_TASK_ROUTES = {
     "sessions_app.tasks.turn_advance_task": {"queue": "engine"},
-    "sessions_app.tasks.model_call_task": {"queue": "llm"},
     "sessions_app.tasks.tool_run_task": {"queue": "sandbox"},
     "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
 }
@@ -151,6 +162,11 @@ AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.
 AGENTOPS_MODEL_TIMEOUT_SECONDS = env.float("AGENTOPS_MODEL_TIMEOUT_SECONDS", default=120.0)
 AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")
+# The model gateway: model calls in flight per gateway process, its database threads, and how
+# long a stopping gateway lets its calls finish.
+AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
+AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
+AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
 AGENTOPS_HTTP_ALLOWED_HOSTS = env.list("AGENTOPS_HTTP_ALLOWED_HOSTS", default=[])
 AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=False)
 AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)

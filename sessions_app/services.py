@@ -6,6 +6,7 @@ when the row is already in the target status, refuses an illegal move with ``Inv
 update that only one caller wins, checked against the step's ``TRANSITIONS`` first.
 """
 
+import os
 import socket
 import threading
 import uuid
@@ -228,8 +229,15 @@ def step_result_dropped(step: Step, event_type: str) -> None:
 
 
 def worker_id() -> str:
-    """Who holds a lease: this host and thread."""
-    return f"{socket.gethostname()}:{threading.get_ident()}"
+    """Who holds a lease: this host, process and thread."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def step_leases_renew(*, step_ids: list[uuid.UUID], owners: set[str], lease_seconds: float) -> int:
+    """Extend the leases of running steps still held by ``owners`` (a worker that is alive and still
+    working on them). A step someone else claimed since, or that settled, is left alone."""
+    return Step.objects.filter(pk__in=step_ids, status=Step.Status.RUNNING, lease_owner__in=owners).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds))
 
 
 def lease_seconds_for(timeout_seconds: float) -> float:

@@ -15,14 +15,6 @@ def turn_advance_task(turn_id: str) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def model_call_task(step_id: str) -> None:
-    """On the llm queue: the tick claims the turn's planned model step (a duplicate finds it claimed)."""
-    turn_id = turn_id_of_step(step_id)
-    if turn_id is not None:
-        tick.turn_advance(turn_id, on_llm_worker=True)
-
-
-@shared_task(acks_late=True, ignore_result=True)
 def tool_run_task(step_id: str) -> None:
     """On the sandbox queue: claim and run the approved step, then tick."""
     turn_id = turn_id_of_step(step_id)

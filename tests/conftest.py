@@ -42,15 +42,31 @@ def agent(db: None) -> factories.AgentProfile:
 
 @pytest.fixture
 def celery_worker(transactional_db: None):  # type: ignore[no-untyped-def]
-    """A real Celery worker (in a thread) consuming every queue from the real Redis broker."""
+    """A real Celery worker (in a thread) consuming the engine and sandbox queues from the real Redis broker."""
     from celery.contrib.testing.worker import start_worker
 
     from agentops.celery import app
 
     app.conf.broker_connection_retry_on_startup = True
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING",
-                      queues=["engine", "llm", "sandbox"], shutdown_timeout=30) as worker:
+                      queues=["engine", "sandbox"], shutdown_timeout=30) as worker:
         yield worker
+
+
+@pytest.fixture
+def model_gateway(transactional_db: None):  # type: ignore[no-untyped-def]
+    """A real model gateway (its own event loop, in a thread) reading the real Redis stream."""
+    from sessions_app.engine.gateway import run_in_thread
+
+    gateway, thread = run_in_thread(concurrency=50, db_threads=4)
+    yield gateway
+    gateway.stop_threadsafe()
+    thread.join(30)
+
+
+@pytest.fixture
+def workers(celery_worker: object, model_gateway: object) -> None:
+    """Everything that drives turns: a Celery worker (ticks, commands) and a model gateway."""
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,22 @@
-"""The model call through the openai SDK: bounded retries, deltas streamed as events.
+"""The model call through the openai SDK, asynchronously: bounded retries, deltas streamed.
 
-Model calls have no side effects, so they are retried on timeouts, 429, 5xx and connection
-errors (bounded, with backoff) and fail at once on authentication and policy errors.
+The model gateway (``gateway.py``) awaits these calls on its event loop; nothing here touches the
+database: streamed text and retries are reported through the ``EventSink`` the caller passes.
+
+Model calls have no side effects, so they are retried on timeouts, 5xx and connection errors
+(bounded, with backoff) and fail at once on authentication and policy errors. A 429 pauses the
+whole endpoint for its Retry-After (every call to it waits, not only the one that was refused)
+and is retried without counting against the bounded retries, within ``RATE_LIMIT_PATIENCE``.
 """
 
+import asyncio
+import itertools
 import json
 import logging
 import os
-import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,23 +25,21 @@ from django.conf import settings
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
-from sessions_app.events import event_record
-from sessions_app.models import AgentProfile, AgentSession, Step
+from sessions_app.models import AgentProfile
 from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
 
 log = logging.getLogger(__name__)
 
 DELTA_INTERVAL_SECONDS = 0.1  # coalesce streamed text: at most ~10 model.delta events a second
 RETRY_DELAYS = (0.2, 0.8, 2.0)
+MAX_RETRY_AFTER_SECONDS = 60.0
+RATE_LIMIT_PATIENCE_SECONDS = 600.0  # how long a call keeps waiting out 429s before it fails (retryable)
 
 
 def model_lease_seconds() -> float:
-    """A model step's lease outlives every attempt of its call, plus the lease margin."""
-    timeout = float(settings.AGENTOPS_MODEL_TIMEOUT_SECONDS)
-    return timeout * (1 + len(RETRY_DELAYS)) + sum(RETRY_DELAYS) + float(settings.AGENTOPS_LEASE_SECONDS)
-
-_clients: dict[tuple[str, str], openai.OpenAI] = {}
-_clients_lock = threading.Lock()
+    """A model step's lease. The gateway that holds the step renews it while the call runs (its
+    retries and rate-limit waits included); one that dies lets it expire within this."""
+    return float(settings.AGENTOPS_LEASE_SECONDS)
 
 
 class ModelCallFailed(Exception):
@@ -43,16 +48,52 @@ class ModelCallFailed(Exception):
         self.code, self.message, self.retryable = code, message, retryable
 
 
-def client_for(profile: AgentProfile) -> openai.OpenAI:
-    base_url = profile.base_url or settings.AGENTOPS_MODEL_BASE_URL or None
-    api_key = os.environ.get(profile.api_key_env or "OPENAI_API_KEY") or "not-needed"
-    key = (base_url or "", api_key)
-    with _clients_lock:
-        if key not in _clients:
-            # Our own bounded retries (below) record each attempt; the SDK's would hide them.
-            _clients[key] = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                          timeout=float(settings.AGENTOPS_MODEL_TIMEOUT_SECONDS))
-        return _clients[key]
+# (event type, payload): what a call reports while it runs (model.delta, model.retrying).
+EventSink = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class _Endpoint:
+    """The clients of one endpoint and key, used in turn, and the endpoint's rate-limit pause."""
+
+    def __init__(self, base_url: str | None, api_key: str, size: int) -> None:
+        # One client per ~(calls in flight / size): one client for everything scans its whole
+        # connection pool on every request (O(N) per call at 1,000 streams).
+        self.clients = [openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
+                                           timeout=float(settings.AGENTOPS_MODEL_TIMEOUT_SECONDS),
+                                           http_client=openai.DefaultAioHttpClient())
+                        for _ in range(size)]
+        self._next = itertools.cycle(self.clients)
+        self.paused_until = 0.0
+
+    def client(self) -> openai.AsyncOpenAI:
+        return next(self._next)
+
+    async def wait_if_paused(self) -> None:
+        delay = self.paused_until - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class ModelClients:
+    """The gateway's model clients, per endpoint and key, made on (and bound to) its event loop."""
+
+    def __init__(self, per_endpoint: int = 8) -> None:
+        self.per_endpoint = per_endpoint
+        self._endpoints: dict[tuple[str, str], _Endpoint] = {}
+
+    def endpoint(self, profile: AgentProfile) -> _Endpoint:
+        base_url = profile.base_url or settings.AGENTOPS_MODEL_BASE_URL or None
+        api_key = os.environ.get(profile.api_key_env or "OPENAI_API_KEY") or "not-needed"
+        key = (base_url or "", api_key)
+        if key not in self._endpoints:
+            self._endpoints[key] = _Endpoint(base_url, api_key, self.per_endpoint)
+        return self._endpoints[key]
+
+    async def close(self) -> None:
+        for endpoint in self._endpoints.values():
+            for client in endpoint.clients:
+                await client.close()
+        self._endpoints.clear()
 
 
 def tools_param(profile: AgentProfile) -> list[dict[str, Any]]:
@@ -73,21 +114,20 @@ class ModelReply:
 
 
 class _DeltaFlusher:
-    """Buffers streamed text and records it as model.delta events at most every 100 ms."""
+    """Buffers streamed text and reports it as ``model.delta`` at most every 100 ms."""
 
-    def __init__(self, step: Step) -> None:
-        self.step, self.buffer, self.last = step, "", 0.0
+    def __init__(self, sink: EventSink) -> None:
+        self.sink, self.buffer, self.last = sink, "", 0.0
 
-    def add(self, text: str) -> None:
+    async def add(self, text: str) -> None:
         self.buffer += text
         if time.monotonic() - self.last >= DELTA_INTERVAL_SECONDS:
-            self.flush()
+            await self.flush()
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         if self.buffer:
-            event_record(session_id=self.step.session_id, turn_id=self.step.turn_id, step_id=self.step.id,
-                         type="model.delta", payload={"text": self.buffer})
-            self.buffer, self.last = "", time.monotonic()
+            text, self.buffer, self.last = self.buffer, "", time.monotonic()
+            await self.sink("model.delta", {"text": text})
 
 
 def add_tool_call_delta(calls: dict[int, dict[str, str]], tc: ChoiceDeltaToolCall) -> None:
@@ -101,20 +141,20 @@ def add_tool_call_delta(calls: dict[int, dict[str, str]], tc: ChoiceDeltaToolCal
         slot["arguments"] += tc.function.arguments
 
 
-def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]], step: Step) -> ModelReply:
+async def _call_once(client: openai.AsyncOpenAI, *, model: str, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]], sink: EventSink) -> ModelReply:
     kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
                               "stream_options": {"include_usage": True}}
     if tools:
         kwargs["tools"] = tools
     reply = ModelReply()
     calls: dict[int, dict[str, Any]] = {}
-    flusher = _DeltaFlusher(step)
+    flusher = _DeltaFlusher(sink)
     # The SDK's transport, without `create()`'s request transformation: that walks every message
     # of the history on every call (see bench/README.md); our messages are plain JSON already.
-    stream = client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion, stream=True,
-                         stream_cls=openai.Stream[ChatCompletionChunk])
-    for chunk in stream:
+    stream = await client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion, stream=True,
+                               stream_cls=openai.AsyncStream[ChatCompletionChunk])
+    async for chunk in stream:
         if chunk.usage is not None:
             reply.prompt_tokens = chunk.usage.prompt_tokens or 0
             reply.completion_tokens = chunk.usage.completion_tokens or 0
@@ -122,48 +162,68 @@ def _call_once(client: openai.OpenAI, *, model: str, messages: list[dict[str, An
             delta = choice.delta
             if delta.content:
                 reply.content += delta.content
-                flusher.add(delta.content)
+                await flusher.add(delta.content)
             for tc in delta.tool_calls or []:
                 add_tool_call_delta(calls, tc)
             if choice.finish_reason:
                 reply.finish_reason = choice.finish_reason
-    flusher.flush()
+    await flusher.flush()
     reply.tool_calls = [calls[i] for i in sorted(calls)]
     return reply
 
 
-def call_model(step: Step, *, session: AgentSession, messages: list[dict[str, Any]]) -> ModelReply:
-    """Call the session's agent's endpoint for a claimed model step, with bounded retries, recording
-    streamed text as ``model.delta`` events. Raises ModelCallFailed."""
-    tools = tools_param(session.agent)
-    client = client_for(session.agent)
+def _retry_after(exc: openai.APIStatusError) -> float:
+    """Seconds the endpoint asked us to wait (Retry-After, in seconds), capped; 1 s when unsaid."""
+    try:
+        return min(max(float(exc.response.headers.get("retry-after", "1")), 0.0), MAX_RETRY_AFTER_SECONDS)
+    except ValueError:
+        return 1.0
+
+
+async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]], sink: EventSink) -> ModelReply:
+    """Call the agent's endpoint with bounded retries. Raises ModelCallFailed. ``tools`` is
+    ``tools_param(profile)``, read by the caller off the event loop (it reads the database)."""
+    endpoint = clients.endpoint(profile)
     last_error = ""
-    for attempt, delay in enumerate((0.0, *RETRY_DELAYS)):
-        if delay:
-            time.sleep(delay)
+    attempt, failures = 0, 0
+    patience_until = time.monotonic() + RATE_LIMIT_PATIENCE_SECONDS
+    while failures <= len(RETRY_DELAYS):
+        attempt += 1
+        await endpoint.wait_if_paused()
         try:
-            reply = _call_once(client, model=session.agent.model, messages=messages, tools=tools, step=step)
+            reply = await _call_once(endpoint.client(), model=profile.model, messages=messages, tools=tools,
+                                     sink=sink)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             raise ModelCallFailed("authentication_error", f"The model endpoint refused our credentials: {exc}",
                                   retryable=False) from exc
-        except (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError,
-                openai.InternalServerError) as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("model call for step %s failed (attempt %d): %s", step.id, attempt + 1, last_error)
-            event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="model.retrying",
-                         payload={"attempt": attempt + 1, "error": last_error[:500]})
+        except openai.RateLimitError as exc:
+            # Slow down every call to this endpoint, not just this one; not a failure of ours.
+            pause = _retry_after(exc)
+            endpoint.paused_until = max(endpoint.paused_until, time.monotonic() + pause)
+            last_error = f"RateLimitError: {exc}"
+            await sink("model.retrying", {"attempt": attempt, "error": last_error[:500], "retry_after": pause})
+            if time.monotonic() + pause > patience_until:
+                break
             continue
+        except (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError) as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
         except openai.APIStatusError as exc:
-            if exc.status_code >= 500:
-                last_error = f"HTTP {exc.status_code}: {exc}"
-                continue
-            body = str(exc)
-            code = "policy_refusal" if "content_filter" in body or "policy" in body.lower() else "model_error"
-            raise ModelCallFailed(code, f"The model endpoint refused the request: {body[:500]}",
-                                  retryable=False) from exc
-        if reply.finish_reason == "content_filter":
-            raise ModelCallFailed("policy_refusal", "The model refused (content filter).", retryable=False)
-        return reply
+            if exc.status_code < 500:
+                body = str(exc)
+                code = "policy_refusal" if "content_filter" in body or "policy" in body.lower() else "model_error"
+                raise ModelCallFailed(code, f"The model endpoint refused the request: {body[:500]}",
+                                      retryable=False) from exc
+            last_error = f"HTTP {exc.status_code}: {exc}"
+        else:
+            if reply.finish_reason == "content_filter":
+                raise ModelCallFailed("policy_refusal", "The model refused (content filter).", retryable=False)
+            return reply
+        log.warning("model call failed (attempt %d): %s", attempt, last_error)
+        await sink("model.retrying", {"attempt": attempt, "error": last_error[:500]})
+        if failures < len(RETRY_DELAYS):
+            await asyncio.sleep(RETRY_DELAYS[failures])
+        failures += 1
     raise ModelCallFailed("model_unavailable", f"The model endpoint kept failing: {last_error[:500]}",
                           retryable=True)
 

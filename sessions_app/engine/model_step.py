@@ -14,6 +14,9 @@ sweeper, which re-runs the model call and so the tools. A step cancelled meanwhi
 write's conditional update and nothing is recorded.
 
 Any other reply is recorded on its own (``model_reply_record``) and the tick takes over.
+
+Everything here is synchronous database work; the gateway runs it in its database threads, around
+the model call it awaits on its event loop.
 """
 
 import logging
@@ -60,6 +63,7 @@ class Conversation:
     session: AgentSession
     turn_started_at: datetime | None
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
     counters: dict[str, Any]
     deadline: float
 
@@ -69,7 +73,7 @@ class Conversation:
         session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
         started_at = Turn.objects.values_list("started_at", flat=True).get(pk=step.turn_id)
         return cls(session=session, turn_started_at=started_at, messages=build_messages(session),
-                   counters=session_counters(session), deadline=deadline)
+                   tools=llm.tools_param(session.agent), counters=session_counters(session), deadline=deadline)
 
     def in_time(self) -> bool:
         return time.monotonic() < self.deadline
@@ -156,14 +160,9 @@ def _plus(counters: dict[str, Any], **add: int) -> dict[str, Any]:
     return {**counters, **{name: counters[name] + add.get(name, 0) for name in COUNTERS}}
 
 
-def model_step_run(convo: Conversation, step: Step) -> Step | None:
-    """Call the model for a claimed model step and record the reply. Returns the next model step,
-    claimed by this worker, when the reply's read-only tools ran inline; None: the tick goes on."""
-    try:
-        reply = llm.call_model(step, session=convo.session, messages=convo.messages)
-    except llm.ModelCallFailed as exc:
-        model_failure_record(step, exc)
-        return None
+def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) -> Step | None:
+    """Record the reply of a claimed model step. Returns the next model step, claimed by this
+    worker, when the reply's read-only tools ran inline; None: the tick goes on."""
     message = llm.assistant_message(reply)
     calls = llm.planned_calls(message)
     tools = [_runs_inline(name, arguments, error, convo.session) for name, _, arguments, error in calls]
@@ -228,12 +227,3 @@ def model_step_run(convo: Conversation, step: Step) -> Step | None:
 def _started_payload(step: Step) -> dict[str, Any]:
     return step_event_payload(step, status=Step.Status.RUNNING, attempt=step.attempts,
                               arguments=step.arguments if step.kind == Step.Kind.TOOL else None)
-
-
-def model_steps_run(step: Step, *, deadline: float) -> None:
-    """Drive a model step this worker claimed, and the model steps that follow read-only tool
-    calls, until the tick must take over."""
-    convo = Conversation.load(step, deadline=deadline)
-    current: Step | None = step
-    while current is not None:
-        current = model_step_run(convo, current)

@@ -23,7 +23,7 @@ class Action(enum.Enum):
     FAIL_BUDGET = "fail_budget"      # the next call would cross a budget: fail the turn
     COMPLETE_TURN = "complete_turn"  # the model answered without tool calls: that is the output
     CLAIM_MODEL = "claim_model"      # call the model here (create the step, or claim the planned one)
-    ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the llm queue (create the step first)
+    ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the model gateway (create the step first)
     CLAIM_TOOL = "claim_tool"        # run an approved in-process tool here
     ENQUEUE_TOOL = "enqueue_tool"    # hand an approved sandboxed tool to the sandbox queue
     HAND_OVER = "hand_over"          # this worker's time is up: a fresh tick goes on
@@ -48,7 +48,7 @@ class Snapshot:
     tools: Sequence[StepState]            # the tool steps the last model step planned, by index
     counters: Mapping[str, Any]           # the session's counters and budgets (``budgets.session_counters``)
     turn_seconds: float                   # how long the turn has run
-    on_llm_worker: bool = False           # this worker calls models (the llm queue)
+    calls_models: bool = False            # this worker calls models (the model gateway)
     fresh: bool = True                    # within this worker's time for inline work (``tick.INLINE_SECONDS``)
 
 
@@ -104,4 +104,4 @@ def next_action(s: Snapshot) -> Decision:
 
 
 def _model_action(s: Snapshot) -> Action:
-    return Action.CLAIM_MODEL if s.on_llm_worker and s.fresh else Action.ENQUEUE_MODEL
+    return Action.CLAIM_MODEL if s.calls_models and s.fresh else Action.ENQUEUE_MODEL

@@ -1,9 +1,9 @@
 """One engine tick: under the session lock, load the snapshot, ask ``plan.next_action``, apply it.
 
-A tick applies actions until the turn waits, is handed to another queue, or has work claimed for
-this worker; ``turn_advance`` then does that work outside the transaction (a model call, an
-in-process tool) and ticks again. The session lock serialises every write of the session, so the
-decision and its claim are atomic.
+A tick applies actions until the turn waits, is handed to another worker, or has work claimed for
+this one. The session lock serialises every write of the session, so the decision and its claim
+are atomic. Celery's ``turn_advance`` (below) runs the in-process tools a tick claims and ticks
+again; the model gateway drives turns the same way around its model calls (``gateway.turn_drive``).
 """
 
 import time
@@ -17,7 +17,6 @@ from agentops import dispatch
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import session_counters
-from sessions_app.engine.model_step import model_steps_run
 from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
 from sessions_app.engine.tool_steps import runs_in_process, tool_step_claim, tool_step_execute, tool_step_gate
 from sessions_app.engine.turns import turn_fail_budget
@@ -45,14 +44,14 @@ def _state(step: Step) -> StepState:
 
 
 def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools: list[Step], *,
-              on_llm_worker: bool, fresh: bool) -> Snapshot:
+              calls_models: bool, fresh: bool) -> Snapshot:
     turn_seconds = (timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0.0
     return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
                     tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
-                    on_llm_worker=on_llm_worker, fresh=fresh)
+                    calls_models=calls_models, fresh=fresh)
 
 
-def turn_tick(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False, fresh: bool = True,
+def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bool = True,
               session_id: uuid.UUID | None = None) -> Claimed | None:
     """Advance the turn as far as it goes without slow work. Returns the work claimed for this
     worker, or None: the turn waits, is over, or was handed to another queue (after commit)."""
@@ -69,7 +68,7 @@ def turn_tick(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False, fresh: b
         tools = list(Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                          index__gt=last_model.index if last_model else -1).order_by("index"))
         while True:
-            decision = next_action(_snapshot(turn, session, last_model, tools, on_llm_worker=on_llm_worker,
+            decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
                                              fresh=fresh))
             if decision.turn_status is not None and turn.status != decision.turn_status:
                 turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status)
@@ -126,17 +125,15 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
     raise AssertionError(f"unhandled {decision.action}")
 
 
-def turn_advance(turn_id: uuid.UUID | str, *, on_llm_worker: bool = False) -> None:
-    """Drive a turn until it waits or is handed off: tick, do the claimed work, tick again."""
+def turn_advance(turn_id: uuid.UUID | str) -> None:
+    """Drive a turn from a Celery worker until it waits or is handed off: tick, run the in-process
+    tool the tick claimed, tick again. Model calls go to the gateway (this worker claims none)."""
     started = time.monotonic()
     session_id: uuid.UUID | None = None
     while True:
         fresh = time.monotonic() - started <= INLINE_SECONDS
-        claimed = turn_tick(turn_id, on_llm_worker=on_llm_worker, fresh=fresh, session_id=session_id)
+        claimed = turn_tick(turn_id, fresh=fresh, session_id=session_id)
         if claimed is None:
             return
         session_id = claimed.session.id
-        if claimed.step.kind == Step.Kind.MODEL:
-            model_steps_run(claimed.step, deadline=started + INLINE_SECONDS)
-        else:
-            tool_step_execute(claimed.step, claimed.approval, claimed.session)
+        tool_step_execute(claimed.step, claimed.approval, claimed.session)

@@ -41,7 +41,7 @@ def test_roles_exist_with_their_permissions() -> None:
     assert Group.objects.get(name="admins").permissions.count() > 20
 
 
-def test_healthz_ok_with_database_redis_and_a_worker(celery_worker: object) -> None:
+def test_healthz_ok_with_database_redis_a_worker_and_a_gateway(workers: None) -> None:
     deadline = time.monotonic() + 10
     while True:
         response = Client().get("/healthz")
@@ -52,6 +52,7 @@ def test_healthz_ok_with_database_redis_and_a_worker(celery_worker: object) -> N
     assert response.status_code == 200, body
     assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
     assert body["checks"]["workers"]["count"] >= 1
+    assert body["checks"]["gateways"]["count"] >= 1 and body["checks"]["gateways"]["ok"]
 
 
 @pytest.mark.django_db
@@ -64,11 +65,11 @@ def test_healthz_503_names_redis_when_it_is_down(settings) -> None:  # type: ign
 
 
 @pytest.mark.django_db
-def test_healthz_503_names_workers_when_none_runs(caplog: pytest.LogCaptureFixture) -> None:
+def test_healthz_503_names_workers_and_gateways_when_none_runs(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
         response = Client().get("/healthz")
     assert response.status_code == 503
-    assert response.json()["failing"] == ["workers"]
+    assert response.json()["failing"] == ["workers", "gateways"]
     # One warning that names the failing part, not Django's ERROR "Service Unavailable" per probe.
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name in ("agentops.health", "django.request")] \
-        == [("WARNING", "healthz: failing workers")]
+        == [("WARNING", "healthz: failing workers, gateways")]

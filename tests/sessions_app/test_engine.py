@@ -23,7 +23,7 @@ from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
 
-pytestmark = pytest.mark.usefixtures("celery_worker")
+pytestmark = pytest.mark.usefixtures("workers")
 
 
 def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[AgentSession, Turn]:

@@ -1,8 +1,9 @@
 """The engine's inline path: read-only tool calls run where the model step ran and are recorded
-with the reply in one write. Driven in-process through ``tick.turn_advance`` (the llm task's body)
+with the reply in one write. Driven in-process through the model gateway's ``turn_drive``
 against the database and the scripted model over HTTP; cancel and approvals through a real
 Celery worker."""
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,8 +14,9 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
-from sessions_app.engine import llm, tick
+from sessions_app.engine import llm
 from sessions_app.engine.commands import session_cancel, session_start
+from sessions_app.engine.gateway import turn_drive_once
 from sessions_app.engine.prompt import build_messages
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import session_create, turn_create
@@ -26,16 +28,26 @@ from tools_app.selectors import tool_definitions_cache_clear
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _database_on_the_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_turn`` drives the gateway with its database work on the test's own thread, so the
+    queries are counted there (Django refuses that from an event loop unless told)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+
+
 @pytest.fixture
 def owner(transactional_db: None) -> User:
     return factories.user("olga", groups=["operators"])
 
 
-def run_turn(agent: AgentProfile, owner: User, text: str, **budget: int) -> Turn:
-    """Create a session and a turn and drive it in this process, as the llm worker does."""
+def run_turn(agent: AgentProfile, owner: User, text: str, *, on_session: dict[str, AgentSession] | None = None,
+             **budget: int) -> Turn:
+    """Create a session and a turn and drive it in this process, as the model gateway does."""
     session = session_create(agent=agent, owner=owner, title="inline", budget=budget or None)
+    if on_session is not None:
+        on_session["session"] = session
     turn = turn_create(session_id=session.id, input=text, actor=owner)
-    tick.turn_advance(turn.id, on_llm_worker=True)
+    asyncio.run(turn_drive_once(turn.id, db_in_loop=True))
     return Turn.objects.get(pk=turn.pk)
 
 
@@ -84,17 +96,19 @@ def test_inline_history_kept_in_memory_is_what_the_database_holds(engine_agent: 
     seen: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
     call_model = llm.call_model
 
-    def spy(step: Step, **kwargs: Any) -> llm.ModelReply:
-        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+    session_of_turn: dict[str, AgentSession] = {}
+
+    async def spy(**kwargs: Any) -> llm.ModelReply:
+        (session,) = session_of_turn.values()
         seen.append((json.loads(json.dumps(kwargs.get("messages"))), build_messages(session)))
-        return call_model(step, **kwargs)
+        return await call_model(**kwargs)
 
     monkeypatch.setattr(llm, "call_model", spy)
     engine_agent.starter_files = {"a.txt": "one\n"}
     engine_agent.save()
     turn = run_turn(engine_agent, owner, "\n".join([
         tool("list_files", path="."), "parallel", tool("read_file", path="a.txt"), tool("list_files", path="."),
-        "end", tool("read_file", path="nope.txt"), "say ok"]))
+        "end", tool("read_file", path="nope.txt"), "say ok"]), on_session=session_of_turn)
     assert turn.status == "completed"
     assert len(seen) == 4
     for in_memory, rebuilt in seen:
@@ -142,7 +156,7 @@ def test_inline_model_call_budget_stops_before_the_next_call(engine_agent: Agent
     assert_gap_free(turn.session_id)
 
 
-@pytest.mark.usefixtures("celery_worker")
+@pytest.mark.usefixtures("workers")
 def test_inline_cancel_while_the_model_answers_records_nothing_after_it(engine_agent: AgentProfile,
                                                                         owner: User) -> None:
     session, turn = session_start(agent=engine_agent, owner=owner, input="\n".join([
@@ -166,7 +180,7 @@ def test_inline_cancel_while_the_model_answers_records_nothing_after_it(engine_a
     assert_gap_free(session.id)
 
 
-@pytest.mark.usefixtures("celery_worker")
+@pytest.mark.usefixtures("workers")
 def test_inline_batch_with_a_mutating_call_goes_through_the_gate(engine_agent: AgentProfile, owner: User) -> None:
     reviewer = factories.user("ruth", groups=["reviewers"])
     session, turn = session_start(agent=engine_agent, owner=owner, input="\n".join([

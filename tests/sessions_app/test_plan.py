@@ -25,10 +25,10 @@ def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, i
 
 
 def snap(turn: str = "running", last_model: StepState | None = None, tools: tuple[StepState, ...] = (),
-         counters: dict[str, Any] | None = None, turn_seconds: float = 1.0, on_llm_worker: bool = False,
+         counters: dict[str, Any] | None = None, turn_seconds: float = 1.0, calls_models: bool = False,
          fresh: bool = True) -> Snapshot:
     return Snapshot(turn_status=turn, last_model=last_model, tools=tools, counters=counters or NO_BUDGETS,
-                    turn_seconds=turn_seconds, on_llm_worker=on_llm_worker, fresh=fresh)
+                    turn_seconds=turn_seconds, calls_models=calls_models, fresh=fresh)
 
 
 def budgets(**limits: int) -> dict[str, Any]:
@@ -42,17 +42,17 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
     ("cancelled turn with a tool awaiting approval",
      snap("cancelled", model("completed"), (tool(T1, "awaiting_approval", index=1),)), Decision(Action.FINISHED)),
     # A new turn: the first model call, created at index 0; where it runs depends on the worker.
-    ("queued turn, engine worker", snap("queued"),
+    ("queued turn, Celery tick", snap("queued"),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=0)),
-    ("queued turn, llm worker", snap("queued", on_llm_worker=True),
+    ("queued turn, gateway", snap("queued", calls_models=True),
      Decision(Action.CLAIM_MODEL, turn_status="running", new_index=0)),
-    ("queued turn, llm worker past its time", snap("queued", on_llm_worker=True, fresh=False),
+    ("queued turn, gateway past its time", snap("queued", calls_models=True, fresh=False),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=0)),
     # A model step in flight or planned.
     ("model call running", snap("running", model("running")), Decision(Action.WAIT)),
-    ("model planned (retry after a crash), engine worker", snap("running", model("planned", index=4)),
+    ("model planned (retry after a crash), Celery tick", snap("running", model("planned", index=4)),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", step_id=M)),
-    ("model planned, llm worker", snap("running", model("planned", index=4), on_llm_worker=True),
+    ("model planned, gateway", snap("running", model("planned", index=4), calls_models=True),
      Decision(Action.CLAIM_MODEL, turn_status="running", step_id=M)),
     # The model answered.
     ("final answer", snap("running", model("completed", content="done")),
@@ -97,8 +97,8 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
      snap("awaiting_approval", model("completed", index=3),
           (tool(T1, "completed", index=4), tool(T2, "rejected", index=5), tool(T3, "expired", index=6))),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=7)),
-    ("all settled after a client tool, llm worker",
-     snap("requires_action", model("completed", index=0), (tool(T1, "completed", index=1),), on_llm_worker=True),
+    ("all settled after a client tool, gateway",
+     snap("requires_action", model("completed", index=0), (tool(T1, "completed", index=1),), calls_models=True),
      Decision(Action.CLAIM_MODEL, turn_status="running", new_index=2)),
     ("cancelled and failed tools are settled too",
      snap("running", model("completed", index=0), (tool(T1, "cancelled", index=1), tool(T2, "failed", index=2))),

@@ -1,0 +1,320 @@
+"""The model gateway: one asyncio process makes the model calls of many turns at once.
+
+A model call waits seconds on the model and needs no database meanwhile, so it must hold neither
+a worker thread nor a connection: the gateway awaits it on its event loop, and runs the short
+database work around it (tick, claim, record) in a small pool of threads, each handing its
+connection back to the pool when done.
+
+Hand-off: ticks put planned model steps on a Redis stream (``agentops.dispatch``). The gateway
+reads it in a consumer group, ticks the turn in the database (which claims the model step with a
+lease, or finds it claimed: a duplicate does nothing) and only then acknowledges the entry. An
+entry read by a gateway that died before that is claimed again by another one (XAUTOCLAIM). Once a
+step is claimed, the database holds the truth: the gateway renews the leases of the steps it
+drives; a gateway that dies lets them expire and the sweeper re-issues the calls.
+
+A turn's loop, as in Celery's ``tick.turn_advance`` but with the model call awaited::
+
+    tick (claims the model step) → call the model → record the reply
+        → read-only tools inline, next model step claimed in the same write → call … → tick
+"""
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from django.conf import settings
+from django.db import connection
+
+from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
+from sessions_app.engine import llm
+from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
+from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
+from sessions_app.engine.tool_steps import tool_step_execute
+from sessions_app.events import event_record
+from sessions_app.models import Step
+from sessions_app.selectors import turn_id_of_step
+from sessions_app.services import step_leases_renew
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+READ_BATCH = 100
+RECLAIM_EVERY_SECONDS = 10.0
+RECLAIM_IDLE_MS = 30_000  # an entry read this long ago and not acknowledged: its gateway is gone
+HEARTBEAT_SECONDS = 10.0
+HEARTBEAT_KEY = "agentops:gateway:"
+
+
+def _pooled() -> bool:
+    return bool(settings.DATABASES["default"].get("OPTIONS", {}).get("pool"))
+
+
+def _db_call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if _pooled():
+            connection.close()  # back to the pool: a thread holds a connection only while it works
+
+
+class Gateway:
+    """Reads planned model steps from the stream and drives their turns, ``concurrency`` at once."""
+
+    def __init__(self, *, concurrency: int | None = None, db_threads: int | None = None,
+                 clients_per_endpoint: int = 8, name: str | None = None, db_in_loop: bool = False) -> None:
+        """``db_in_loop`` runs the database work on the event loop's own thread, blocking it: only
+        for a test that drives one turn and counts its queries on that thread."""
+        self.concurrency = concurrency or settings.AGENTOPS_GATEWAY_CONCURRENCY
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._executor = None if db_in_loop else ThreadPoolExecutor(
+            db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS, thread_name_prefix="gateway-db")
+        self._clients_per_endpoint = clients_per_endpoint
+        self.clients: llm.ModelClients | None = None
+        self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self._stopping: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- the database, off the event loop -----------------------------------------------------
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run synchronous database work in one of the gateway's threads."""
+        if self._executor is None:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(_db_call, fn, args, kwargs))
+
+    # --- driving a turn -----------------------------------------------------------------------
+
+    async def turn_drive(self, turn_id: uuid.UUID | str, *, on_ticked: Callable[[], Awaitable[None]] | None = None
+                         ) -> None:
+        """Tick the turn, run the model calls (and in-process tools) the ticks claim, until it waits
+        or is handed to a Celery worker. ``on_ticked`` runs once the first tick has committed."""
+        started = time.monotonic()
+        session_id: uuid.UUID | None = None
+        while True:
+            fresh = time.monotonic() - started <= INLINE_SECONDS
+            claimed = await self.db(turn_tick, turn_id, calls_models=True, fresh=fresh, session_id=session_id)
+            if on_ticked is not None:
+                await on_ticked()
+                on_ticked = None
+            if claimed is None:
+                return
+            session_id = claimed.session.id
+            if claimed.step.kind == Step.Kind.MODEL:
+                await self.model_steps_drive(claimed.step, deadline=started + INLINE_SECONDS)
+            else:
+                await self.db(tool_step_execute, claimed.step, claimed.approval, claimed.session)
+
+    async def model_steps_drive(self, step: Step, *, deadline: float) -> None:
+        """Call the model for a claimed step and record the reply; while replies ask only for
+        read-only tools, the next model step is claimed with the record and called at once."""
+        assert self.clients is not None
+        convo = await self.db(Conversation.load, step, deadline=deadline)
+        current: Step | None = step
+        while current is not None:
+            self.held[current.id] = current.lease_owner
+            try:
+                try:
+                    reply = await llm.call_model(clients=self.clients, profile=convo.session.agent,
+                                                 messages=convo.messages, tools=convo.tools,
+                                                 sink=self._sink(current))
+                except llm.ModelCallFailed as exc:
+                    await self.db(model_failure_record, current, exc)
+                    return
+                following = await self.db(model_reply_apply, convo, current, reply)
+            finally:
+                self.held.pop(current.id, None)
+            current = following
+
+    def _sink(self, step: Step) -> llm.EventSink:
+        async def record(type_: str, payload: dict[str, Any]) -> None:
+            await self.db(event_record, session_id=step.session_id, turn_id=step.turn_id, step_id=step.id,
+                          type=type_, payload=payload)
+        return record
+
+    async def step_handle(self, step_id: str, *, on_ticked: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Handle one stream entry: drive the turn of a planned model step."""
+        turn_id = await self.db(turn_id_of_step, step_id)
+        if turn_id is None:  # the session was deleted meanwhile
+            if on_ticked is not None:
+                await on_ticked()
+            return
+        await self.turn_drive(turn_id, on_ticked=on_ticked)
+
+    # --- the stream ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Consume the stream until ``stop()``; then let the calls in flight finish."""
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self.clients = llm.ModelClients(self._clients_per_endpoint)
+        client = aioredis.from_url(settings.REDIS_URL, max_connections=self.concurrency + 16)
+        tasks: set[asyncio.Task[None]] = set()
+        background = [asyncio.create_task(coro) for coro in (
+            self._renew_leases(), self._reclaim(client, tasks), self._heartbeat(client))]
+        log.info("model gateway %s: %d calls at once", self.name, self.concurrency)
+        try:
+            await self._ensure_group(client)
+            while not self._stopping.is_set():
+                free = self.concurrency - len(tasks)
+                if free <= 0:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    batches = await client.xreadgroup(MODEL_GROUP, self.name, {MODEL_STREAM: ">"},
+                                                      count=min(free, READ_BATCH), block=1000)
+                except aioredis.RedisError as exc:
+                    log.warning("model gateway: reading the stream failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                for _stream, entries in batches or []:
+                    for entry_id, fields in entries:
+                        self._start(client, tasks, entry_id, fields)
+        finally:
+            for task in background:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=settings.AGENTOPS_GATEWAY_DRAIN_SECONDS)
+            for task in tasks:
+                task.cancel()
+            await self.clients.close()
+            try:
+                await client.delete(HEARTBEAT_KEY + self.name)
+            except aioredis.RedisError:
+                pass
+            await client.aclose()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def stop(self) -> None:
+        """Stop reading; ``run`` returns once the calls in flight are done (or after the drain time)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    def stop_threadsafe(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.stop)
+
+    async def _ensure_group(self, client: aioredis.Redis) -> None:
+        try:
+            # From the start of the stream: entries added before any gateway ran are served too
+            # (acknowledged entries are deleted, so the stream holds only unfinished ones).
+            await client.xgroup_create(MODEL_STREAM, MODEL_GROUP, id="0", mkstream=True)
+        except aioredis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _start(self, client: aioredis.Redis, tasks: set[asyncio.Task[None]], entry_id: bytes,
+               fields: dict[bytes, bytes]) -> None:
+        task = asyncio.create_task(self._handle(client, entry_id, fields))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _handle(self, client: aioredis.Redis, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        acked = False
+
+        async def ack() -> None:
+            nonlocal acked
+            if not acked:
+                acked = True
+                async with client.pipeline(transaction=False) as pipe:
+                    await pipe.xack(MODEL_STREAM, MODEL_GROUP, entry_id).xdel(MODEL_STREAM, entry_id).execute()
+
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            step_id = fields.get(b"step_id", b"").decode()
+            await self.step_handle(step_id, on_ticked=ack)
+        except Exception:
+            # Not acknowledged when it failed before its tick committed: another read claims it
+            # again; after that, the step's lease and the sweeper take over.
+            log.exception("model gateway: entry %s failed", entry_id)
+        finally:
+            self.in_flight -= 1
+
+    async def _reclaim(self, client: aioredis.Redis, tasks: set[asyncio.Task[None]]) -> None:
+        """Take over entries that a gateway read and never acknowledged (it died before its tick)."""
+        while True:
+            await asyncio.sleep(RECLAIM_EVERY_SECONDS)
+            try:
+                free = self.concurrency - len(tasks)
+                if free <= 0:
+                    continue
+                _next, entries, *_ = await client.xautoclaim(MODEL_STREAM, MODEL_GROUP, self.name,
+                                                             min_idle_time=RECLAIM_IDLE_MS, start_id="0-0",
+                                                             count=min(free, READ_BATCH))
+                for entry_id, fields in entries:
+                    if fields:  # a deleted entry comes back empty
+                        log.warning("model gateway: taking over entry %s", entry_id)
+                        self._start(client, tasks, entry_id, fields)
+            except aioredis.RedisError as exc:
+                log.warning("model gateway: reclaiming failed: %s", exc)
+
+    async def _renew_leases(self) -> None:
+        """Keep the leases of the steps this gateway drives (long calls, retries, 429 waits)."""
+        period = max(float(settings.AGENTOPS_LEASE_SECONDS) / 3, 0.2)
+        while True:
+            await asyncio.sleep(period)
+            held = dict(self.held)
+            if held:
+                try:
+                    await self.db(step_leases_renew, step_ids=list(held), owners=set(held.values()),
+                                  lease_seconds=llm.model_lease_seconds())
+                except Exception:
+                    log.exception("model gateway: renewing %d leases failed", len(held))
+
+    async def _heartbeat(self, client: aioredis.Redis) -> None:
+        """Say that this gateway is alive (``/healthz`` and the operators read it)."""
+        ttl = int(HEARTBEAT_SECONDS * 3)
+        while True:
+            try:
+                state = {"name": self.name, "in_flight": self.in_flight, "concurrency": self.concurrency,
+                         "peak_in_flight": self.peak_in_flight}
+                await client.set(HEARTBEAT_KEY + self.name, json.dumps(state), ex=ttl)
+            except aioredis.RedisError as exc:
+                log.warning("model gateway: heartbeat failed: %s", exc)
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+
+async def turn_drive_once(turn_id: uuid.UUID | str, **kwargs: Any) -> None:
+    """Drive one turn with a gateway that reads no stream (tests, benchmarks)."""
+    gateway = Gateway(**kwargs)
+    gateway.clients = llm.ModelClients(gateway._clients_per_endpoint)
+    try:
+        await gateway.turn_drive(turn_id)
+    finally:
+        await gateway.clients.close()
+        if gateway._executor is not None:
+            gateway._executor.shutdown(wait=True)
+
+
+def run_in_thread(**kwargs: Any) -> tuple[Gateway, threading.Thread]:
+    """A gateway on its own event loop in a thread (tests, benchmarks). Stop it with
+    ``gateway.stop_threadsafe()`` and join the thread."""
+    gateway = Gateway(**kwargs)
+    started = threading.Event()
+
+    def main() -> None:
+        async def go() -> None:
+            started.set()
+            await gateway.run()
+        asyncio.run(go())
+
+    thread = threading.Thread(target=main, name="model-gateway", daemon=True)
+    thread.start()
+    started.wait(10)
+    while gateway._stopping is None:
+        time.sleep(0.01)
+    return gateway, thread
