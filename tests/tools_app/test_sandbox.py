@@ -16,7 +16,7 @@ from tools_app.sandbox import (
     workspace_for,
     workspace_manifest,
 )
-from tools_app.sandbox import bubblewrap as bubblewrap_module
+from tools_app.sandbox import backend as backend_module
 
 POLICY = SandboxPolicy(timeout_seconds=5, cpu_seconds=5)
 
@@ -163,7 +163,7 @@ def test_workspace_changed_since_sees_same_size_rewrites_and_unknown_manifests(t
 
 
 def test_no_backend_raises_unless_unsafe_is_allowed(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(bubblewrap_module, "_candidate_backends", lambda: [])
+    monkeypatch.setattr(backend_module, "_candidate_backends", lambda: [])
     try:
         status = sandbox_status(refresh=True)
         assert status["ok"] is False and status["backend"] == "none"

@@ -1,6 +1,7 @@
 """The sandbox: per-session workspaces, bubblewrap-isolated commands, and effect evidence."""
 
-from .bubblewrap import run_sandboxed, sandbox_status
+from .backend import sandbox_status
+from .bubblewrap import run_sandboxed
 from .manifest import manifest_diff, workspace_changed_since, workspace_manifest
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
 from .workspace import PathDenied, open_beneath, sandbox_ids, workspace_for, workspace_relpath
