@@ -1,4 +1,5 @@
 import pytest
+from django.db import IntegrityError, transaction
 
 from tools_app.builtin import BUILTIN_TOOLS
 from tools_app.models import Outbox, ToolDefinition
@@ -33,3 +34,20 @@ def test_outbox_send_is_idempotent_by_key() -> None:
     assert again.to == "a@example.com" and again.status == Outbox.Status.SENT and again.sent_at is not None
     assert outbox_deliver(outbox_id=first.pk) is False  # a second delivery sends nothing
     assert Outbox.objects.count() == 1
+
+
+def test_outbox_transitions_allow_only_pending_to_sent() -> None:
+    assert set(Outbox.TRANSITIONS) == set(Outbox.Status.values)
+    assert Outbox(status=Outbox.Status.PENDING).can_move_to(Outbox.Status.SENT)
+    assert not Outbox(status=Outbox.Status.SENT).can_move_to(Outbox.Status.PENDING)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("model", "field"), [(Outbox, "status"), (ToolDefinition, "kind"),
+                                              (ToolDefinition, "approval_mode"), (ToolDefinition, "network")])
+def test_check_constraints_reject_unknown_choices(model: type[Outbox | ToolDefinition], field: str) -> None:
+    tool_definitions_seed()
+    outbox_send(idempotency_key="k-constraint", to="a@example.com", subject="s", body="b")
+    assert model.objects.exists()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        model.objects.update(**{field: "bogus"})
