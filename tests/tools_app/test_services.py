@@ -1,10 +1,15 @@
+import logging
+from collections.abc import Callable
+
 import pytest
 from django.db import IntegrityError, transaction
 
+from agentops.domain import InvalidTransition
 from tools_app.builtin import BUILTIN_TOOLS
 from tools_app.models import Outbox, ToolDefinition
+from tools_app.outbox import outbox_deliver, outbox_send
 from tools_app.selectors import tool_definition_get, tool_definitions_enabled
-from tools_app.services import outbox_deliver, outbox_send, tool_definitions_seed
+from tools_app.services import tool_definitions_seed
 
 
 @pytest.mark.django_db
@@ -36,10 +41,29 @@ def test_outbox_send_is_idempotent_by_key() -> None:
     assert Outbox.objects.count() == 1
 
 
+@pytest.fixture
+def deliveries(caplog: pytest.LogCaptureFixture) -> Callable[[], int]:
+    """How many emails went out: the development delivery's one effect is its log line."""
+    caplog.set_level(logging.INFO, logger="tools_app.outbox")
+    return lambda: sum(1 for record in caplog.records
+                       if record.name == "tools_app.outbox" and "delivered" in record.getMessage())
+
+
 def test_outbox_transitions_allow_only_pending_to_sent() -> None:
     assert set(Outbox.TRANSITIONS) == set(Outbox.Status.values)
     assert Outbox(status=Outbox.Status.PENDING).can_move_to(Outbox.Status.SENT)
     assert not Outbox(status=Outbox.Status.SENT).can_move_to(Outbox.Status.PENDING)
+
+
+@pytest.mark.django_db
+def test_outbox_deliver_checks_the_transition_table_before_it_claims(monkeypatch: pytest.MonkeyPatch,
+                                                                     deliveries: Callable[[], int]) -> None:
+    outbox = Outbox.objects.create(idempotency_key="k-table", to="a@example.com", subject="s", body="b")
+    monkeypatch.setattr(Outbox, "TRANSITIONS", {Outbox.Status.PENDING: frozenset(), Outbox.Status.SENT: frozenset()})
+    with pytest.raises(InvalidTransition):
+        outbox_deliver(outbox_id=outbox.pk)
+    outbox.refresh_from_db()
+    assert outbox.status == Outbox.Status.PENDING and outbox.sent_at is None and deliveries() == 0
 
 
 @pytest.mark.django_db
