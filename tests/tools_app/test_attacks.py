@@ -60,6 +60,30 @@ def test_attack_other_sessions_workspace_is_invisible() -> None:
     assert workspace_manifest(victim) == before
 
 
+def test_attack_another_sessions_workspace_is_unreachable_by_host_path_and_dotdot(_workspace_root: Path) -> None:
+    """Every session's workspace sits under one root, and every sandbox runs as the same uid: if the
+    sandbox bound the root (or any ancestor) in, one session could read all the others."""
+    victim, attacker = workspace_for("atk-root-victim"), workspace_for("atk-root-attacker")
+    assert victim.parent == attacker.parent == _workspace_root.resolve()
+    run(victim, "echo victim-secret-value > secret.txt")
+    assert (victim / "secret.txt").read_text() == "victim-secret-value\n"
+    root, name = _workspace_root.resolve(), victim.name
+    assert not root.is_relative_to("/tmp")  # the sandbox's fresh /tmp would hide a leaked root
+    reads = {
+        "host path": f"cat {shlex.quote(str(victim))}/secret.txt",
+        "host path via ..": f"cat {shlex.quote(str(attacker))}/../{name}/secret.txt",
+        ".. from the host cwd": f"cd {shlex.quote(str(attacker))} 2>/dev/null; cat ../{name}/secret.txt",
+        ".. from /workspace": f"cat ../{name}/secret.txt",
+        "/workspace/..": f"cat /workspace/../{name}/secret.txt",
+        ".. up to the root": f"cat ../..{shlex.quote(str(root))}/{name}/secret.txt",
+    }
+    for how, command in reads.items():
+        result = run(attacker, command)
+        assert result["status"] == "completed" and result["exit_code"] != 0, (how, result)
+        assert "victim-secret-value" not in str(result["output"]), how
+        assert "No such file or directory" in str(result["output"]), (how, result["output"])
+
+
 def test_attack_writing_outside_the_workspace_is_refused(tmp_path: Path) -> None:
     workspace = workspace_for("atk-write")
     outside = Path("/tmp") / f"agentops-pwned-{os.getpid()}"
