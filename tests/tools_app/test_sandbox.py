@@ -20,6 +20,7 @@ from tools_app.sandbox import (
     workspace_for,
     workspace_manifest,
 )
+from tools_app.sandbox import argv as argv_module
 from tools_app.sandbox import backend as backend_module
 
 POLICY = SandboxPolicy(timeout_seconds=5, cpu_seconds=5)
@@ -182,6 +183,17 @@ def test_workspace_file_sha256_hashes_regular_files_only_and_stays_inside(_works
         workspace_file_sha256(workspace, "out-link")
     with pytest.raises(FileNotFoundError):
         workspace_file_sha256(workspace, "nope")
+
+
+def test_a_sandbox_that_cannot_start_is_a_sandbox_error_and_leaks_no_descriptor(
+        real_sandbox: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace = workspace_for("s-nostart")
+    monkeypatch.setattr(argv_module, "HOST_SH", "/nonexistent/sh")  # the launcher cannot be executed
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        result = run_sandboxed(workspace=workspace, command="true", policy=POLICY)
+        assert result.error_code == "sandbox_error" and "could not start the sandbox" in result.error_message
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_no_backend_raises_unless_unsafe_is_allowed(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

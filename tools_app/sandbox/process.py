@@ -255,6 +255,8 @@ def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tupl
     try:
         proc = _start(argv, cwd=cwd, pass_fds=pass_fds, status_fd=status_fd)
     except OSError as exc:
+        if status_fd is not None:
+            os.close(status_fd)  # no bwrap will write to it: kept, it leaks one descriptor per failed start
         return CommandResult(exit_code=None, stdout="", stderr="", duration_ms=0.0, backend=backend,
                              error_code="sandbox_error", error_message=f"could not start the sandbox: {exc}")
     child, output = _Child(proc), _Output(proc, policy.output_cap_bytes)
