@@ -7,7 +7,6 @@ from django.db import IntegrityError, transaction
 
 from agentops.domain import InvalidTransition
 from tests.concurrency import run_together
-from tests.conftest import requires_postgres
 from tools_app.builtin import BUILTIN_TOOLS, ToolResult, execute_tool
 from tools_app.models import Outbox, ToolDefinition
 from tools_app.outbox import outbox_deliver, outbox_send
@@ -73,7 +72,6 @@ def test_send_email_twice_with_the_same_key_sends_once(deliveries: Callable[[], 
     assert deliveries() == 1
 
 
-@requires_postgres()
 @pytest.mark.django_db(transaction=True)
 def test_send_email_racing_with_the_same_key_sends_once(deliveries: Callable[[], int]) -> None:
     """A redelivered task runs the tool again while the first run is still inside it."""
