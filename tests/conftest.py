@@ -1,3 +1,9 @@
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -12,17 +18,31 @@ def _fresh_tool_cache() -> None:
     tool_definitions_cache_clear()
 
 
-@pytest.fixture(autouse=True)
-def _workspace_root(settings, tmp_path_factory: pytest.TempPathFactory) -> None:  # type: ignore[no-untyped-def]
-    # The sandbox runs as an unprivileged uid: the workspace root must be traversable by it,
-    # which pytest's private (0700) temp directory is not.
-    import tempfile
-    from pathlib import Path
+@pytest.fixture(scope="session")
+def workspace_base() -> Iterator[Path]:
+    """This run's directory for workspace roots: outside /tmp, reachable by the sandbox uid.
 
-    root = Path(tempfile.mkdtemp(prefix="agentops-test-ws-"))
-    root.chmod(0o711)
+    The sandbox mounts a fresh tmpfs on /tmp, so a workspace root under /tmp stays hidden from a
+    command even when the sandbox wrongly binds it in: the isolation tests could not see such a
+    leak. The sandbox uid must also traverse every ancestor (bwrap opens the bind source as that
+    uid), which pytest's private (0700) temp directories do not allow; /var/tmp is 1777.
+    """
+    base = Path(tempfile.mkdtemp(prefix="agentops-test-", dir="/var/tmp")).resolve()
+    assert not base.is_relative_to("/tmp"), f"{base} is under /tmp, where the sandbox's own tmpfs hides it"
+    base.chmod(0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _workspace_root(settings, workspace_base: Path,  # type: ignore[no-untyped-def]
+                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh workspace root per test, under workspace_base."""
+    root = workspace_base / uuid.uuid4().hex
+    root.mkdir(mode=0o711)
     settings.AGENTOPS_WORKSPACE_ROOT = root
     settings.AGENTOPS_ARTIFACT_ROOT = tmp_path_factory.mktemp("artifacts")
+    return root
 
 
 @pytest.fixture

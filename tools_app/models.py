@@ -4,12 +4,14 @@
 returns a result.
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+
+from agentops.domain import StateMachine, status_constraint
 
 
 class ApprovalMode(models.TextChoices):
@@ -21,6 +23,18 @@ class ApprovalMode(models.TextChoices):
 class NetworkPolicy(models.TextChoices):
     NONE = "none", "No network (loopback only)"
     HOST = "host", "Host network"
+
+
+# Module-level (each model names it as ``Kind`` / ``Status``) so that the models' Meta can build
+# their CheckConstraints from the values: a nested class is out of Meta's scope.
+class ToolKind(models.TextChoices):
+    BUILTIN = "builtin", "Built-in (runs in the sandbox)"
+    CLIENT = "client", "Client (the integration submits the output)"
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
 
 
 def validate_json_schema(value: Any) -> None:
@@ -36,9 +50,7 @@ def validate_json_schema(value: Any) -> None:
 
 
 class ToolDefinition(models.Model):
-    class Kind(models.TextChoices):
-        BUILTIN = "builtin", "Built-in (runs in the sandbox)"
-        CLIENT = "client", "Client (the integration submits the output)"
+    Kind = ToolKind
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.TextField(blank=True)
@@ -62,7 +74,7 @@ class ToolDefinition(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(approval_mode__in=ApprovalMode.values),
                                    name="tooldefinition_approval_mode_valid"),
-            models.CheckConstraint(condition=Q(kind__in=["builtin", "client"]),
+            models.CheckConstraint(condition=Q(kind__in=ToolKind.values),
                                    name="tooldefinition_kind_valid"),
             models.CheckConstraint(condition=Q(network__in=NetworkPolicy.values),
                                    name="tooldefinition_network_valid"),
@@ -74,12 +86,15 @@ class ToolDefinition(models.Model):
         return self.name
 
 
-class Outbox(models.Model):
+class Outbox(StateMachine, models.Model):
     """Every email the agents send. The unique idempotency key makes a second send impossible."""
 
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        SENT = "sent", "Sent"
+    Status = OutboxStatus
+    S = Status
+    TRANSITIONS: ClassVar = {
+        S.PENDING: frozenset({S.SENT}),
+        S.SENT: frozenset(),
+    }
 
     idempotency_key = models.CharField(max_length=200, unique=True)
     to = models.CharField(max_length=500)
@@ -93,7 +108,7 @@ class Outbox(models.Model):
         ordering = ["-created_at"]
         verbose_name_plural = "outbox"
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=["pending", "sent"]), name="outbox_status_valid"),
+            status_constraint("outbox", OutboxStatus),
         ]
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import mimetypes
 import os
+import stat
 import tempfile
 import time
 import uuid
@@ -36,7 +37,14 @@ from sessions_app.services import (
 )
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
-from tools_app.sandbox import sandbox_status, workspace_for, workspace_manifest
+from tools_app.sandbox import (
+    PathDenied,
+    open_beneath,
+    sandbox_status,
+    workspace_for,
+    workspace_manifest,
+    workspace_relpath,
+)
 from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
 
 log = logging.getLogger(__name__)
@@ -265,21 +273,29 @@ def event_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]) -> dict[str, Any] | None:
-    """Copy a published file out of the workspace, content-addressed, so it outlives it."""
+    """Copy a published file out of the workspace, content-addressed, so it outlives it.
+
+    Opened with ``open_beneath`` (no symlink leads out of the workspace) and hashed as it is copied:
+    the workspace may change meanwhile, and the name must be the hash of what was stored.
+    """
     rel = str(item.get("path", ""))
-    source = (workspace / rel).resolve()
-    if workspace.resolve() not in source.parents or not source.is_file() or source.is_symlink():
+    try:
+        fd = open_beneath(workspace, workspace_relpath(rel), os.O_RDONLY | os.O_NONBLOCK)
+    except (PathDenied, OSError):
         return None
-    folder = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Hash what was copied, not the source: the workspace may change meanwhile.
-    digest = hashlib.sha256()
-    with source.open("rb") as src, tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            digest.update(chunk)
-            tmp.write(chunk)
-    sha = digest.hexdigest()
-    target = folder / sha
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        folder = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+                tmp.write(chunk)
+    finally:
+        os.close(fd)
+    target = folder / digest.hexdigest()
     os.replace(tmp.name, target)
-    return {"path": rel, "size": target.stat().st_size, "sha256": sha, "storage_path": str(target),
+    return {"path": rel, "size": target.stat().st_size, "sha256": digest.hexdigest(), "storage_path": str(target),
             "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}

@@ -1,11 +1,13 @@
 """The engine end to end in-process: a real Celery worker (threads), Redis, the database and
 the scripted model over HTTP through the openai SDK."""
 
+import hashlib
 import json
 import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from django.utils import timezone
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine import recovery
 from sessions_app.engine.commands import session_cancel, session_start
-from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 from tests import factories
 from tests.helpers import assert_gap_free, finished, pending_approvals, sandboxed, script, tool
 from tests.waiting import wait_for
@@ -247,3 +249,18 @@ def test_engine_self_approval_is_forbidden(engine_agent: AgentProfile, people: t
     assert response.status_code == 403 and response.json()["code"] == "self_approval_forbidden"
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
     session_cancel(session_id=session.id)
+
+
+def test_engine_command_outputs_are_stored_as_artifacts_and_symlinks_out_are_not(
+        engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    command = "mkdir -p outputs && printf 'report\\n' > outputs/r.txt && ln -s /etc/passwd outputs/p.txt"
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command=command), "say {results}"))
+    (approval,) = pending_approvals(turn)
+    decide(people[1], approval, decision="approve")
+    turn = finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    (artifact,) = Artifact.objects.filter(session=session)
+    assert artifact.path == "outputs/r.txt" and artifact.size == 7
+    assert artifact.sha256 == hashlib.sha256(b"report\n").hexdigest()
+    assert Path(artifact.storage_path).read_bytes() == b"report\n"
+    assert Event.objects.filter(session=session, type="artifact.published").count() == 1

@@ -1,34 +1,14 @@
 import os
-import shutil
-import tempfile
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tools_app.sandbox import sandbox_status
 
 
-@pytest.fixture(scope="session")
-def _sandbox_base() -> Iterator[Path]:
-    # Not under pytest's tmp_path: /tmp/pytest-of-root is 0700 and bwrap opens the workspace as the
-    # unprivileged sandbox uid, which must be able to traverse every ancestor.
-    base = Path(tempfile.mkdtemp(prefix="agentops-tools-test-", dir="/tmp"))
-    base.chmod(0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.fixture(autouse=True)
-def _workspace_root(settings, _sandbox_base: Path) -> Path:  # type: ignore[no-untyped-def]
-    """Overrides the project-wide fixture of the same name with a root the sandbox uid can reach."""
-    root = _sandbox_base / uuid.uuid4().hex
-    root.mkdir(mode=0o711)
-    settings.AGENTOPS_WORKSPACE_ROOT = root
-    settings.AGENTOPS_ARTIFACT_ROOT = _sandbox_base / "artifacts"
+def _no_unsafe_sandbox(settings) -> None:  # type: ignore[no-untyped-def]
+    """These tests are about the isolation: never let them run on the unsafe development backend."""
     settings.AGENTOPS_SANDBOX_ALLOW_UNSAFE = False
-    return root
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ and the host and other sessions unchanged afterwards."""
 import json
 import os
 import shlex
+import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,30 @@ def test_attack_other_sessions_workspace_is_invisible() -> None:
     assert workspace_manifest(victim) == before
 
 
+def test_attack_another_sessions_workspace_is_unreachable_by_host_path_and_dotdot(_workspace_root: Path) -> None:
+    """Every session's workspace sits under one root, and every sandbox runs as the same uid: if the
+    sandbox bound the root (or any ancestor) in, one session could read all the others."""
+    victim, attacker = workspace_for("atk-root-victim"), workspace_for("atk-root-attacker")
+    assert victim.parent == attacker.parent == _workspace_root.resolve()
+    run(victim, "echo victim-secret-value > secret.txt")
+    assert (victim / "secret.txt").read_text() == "victim-secret-value\n"
+    root, name = _workspace_root.resolve(), victim.name
+    assert not root.is_relative_to("/tmp")  # the sandbox's fresh /tmp would hide a leaked root
+    reads = {
+        "host path": f"cat {shlex.quote(str(victim))}/secret.txt",
+        "host path via ..": f"cat {shlex.quote(str(attacker))}/../{name}/secret.txt",
+        ".. from the host cwd": f"cd {shlex.quote(str(attacker))} 2>/dev/null; cat ../{name}/secret.txt",
+        ".. from /workspace": f"cat ../{name}/secret.txt",
+        "/workspace/..": f"cat /workspace/../{name}/secret.txt",
+        ".. up to the root": f"cat ../..{shlex.quote(str(root))}/{name}/secret.txt",
+    }
+    for how, command in reads.items():
+        result = run(attacker, command)
+        assert result["status"] == "completed" and result["exit_code"] != 0, (how, result)
+        assert "victim-secret-value" not in str(result["output"]), how
+        assert "No such file or directory" in str(result["output"]), (how, result["output"])
+
+
 def test_attack_writing_outside_the_workspace_is_refused(tmp_path: Path) -> None:
     workspace = workspace_for("atk-write")
     outside = Path("/tmp") / f"agentops-pwned-{os.getpid()}"
@@ -77,13 +103,41 @@ def test_attack_writing_outside_the_workspace_is_refused(tmp_path: Path) -> None
     assert not (workspace.parent / "pwned").exists()
 
 
+def connect_probe(port: int) -> str:
+    """A command that prints CONNECTED when 127.0.0.1:``port`` accepts a connection, else REFUSED."""
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('CONNECTED')\nexcept OSError as e:\n    print('REFUSED', e)\n")
+    return f"python3 -c {shlex.quote(code)}"
+
+
 @pytest.mark.parametrize("port", [6379, 5432])
 def test_attack_connecting_to_local_services_fails(port: int) -> None:
     workspace = workspace_for(f"atk-net-{port}")
-    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-            "    print('CONNECTED')\nexcept OSError as e:\n    print('REFUSED', e)\n")
-    result = run(workspace, f"python3 -c {shlex.quote(code)}")
+    result = run(workspace, connect_probe(port))
     assert "REFUSED" in str(result["output"]) and "CONNECTED" not in str(result["output"])
+
+
+@pytest.fixture
+def loopback_listener() -> Iterator[socket.socket]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(1)
+    yield listener
+    listener.close()
+
+
+def test_attack_connecting_to_a_service_on_the_host_loopback_fails(loopback_listener: socket.socket) -> None:
+    """Whether 6379 and 5432 have listeners depends on the host; this port surely has one."""
+    port = loopback_listener.getsockname()[1]
+    workspace = workspace_for("atk-net-listener")
+    result = run(workspace, connect_probe(port))
+    assert "REFUSED" in str(result["output"]) and "CONNECTED" not in str(result["output"])
+    with pytest.raises(TimeoutError):
+        loopback_listener.accept()  # and nothing reached the listener
+    # The control: on the host network the same probe reaches the same listener.
+    shared = run_sandboxed(workspace=workspace, command=connect_probe(port),
+                           policy=SandboxPolicy(network="host", timeout_seconds=5))
+    assert "CONNECTED" in shared.stdout, shared
+    loopback_listener.accept()[0].close()
 
 
 def test_attack_fork_bomb_is_contained() -> None:

@@ -136,20 +136,3 @@ def test_http_request_refuses_unlisted_and_private_hosts(settings, local_http_se
     result = execute_tool(name="http_request", workspace=workspace, arguments={"url": url}, network="host")
     assert result.status == "completed" and result.data["status_code"] == 200
     assert f"hello from localhost:{local_http_server}" in result.output  # the Host header survives pinning
-
-
-@pytest.mark.django_db
-def test_send_email_twice_with_the_same_key_sends_once(workspace: Path) -> None:
-    from tools_app.models import Outbox
-
-    arguments = {"to": "ops@example.com", "subject": "Report", "body": "Done."}
-    first = execute_tool(name="send_email", workspace=workspace, arguments=arguments, idempotency_key="step-1")
-    second = execute_tool(name="send_email", workspace=workspace, arguments=arguments, idempotency_key="step-1")
-    assert first.status == second.status == "completed"
-    assert first.data["outbox_id"] == second.data["outbox_id"] and second.data["duplicate"] is True
-    assert Outbox.objects.count() == 1 and Outbox.objects.get().status == "sent"
-    no_key = execute_tool(name="send_email", workspace=workspace, arguments=arguments)
-    assert no_key.error_code == "invalid_arguments"
-    bad = execute_tool(name="send_email", workspace=workspace, arguments={**arguments, "to": "a@b.c, d@e.f"},
-                       idempotency_key="step-2")
-    assert bad.error_code == "invalid_arguments" and Outbox.objects.count() == 1

@@ -1,3 +1,4 @@
+import hashlib
 import os
 import threading
 import time
@@ -6,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tools_app.sandbox import (
+    NotARegularFile,
+    PathDenied,
     SandboxPolicy,
     SandboxUnavailable,
     manifest_diff,
@@ -13,10 +16,12 @@ from tools_app.sandbox import (
     sandbox_ids,
     sandbox_status,
     workspace_changed_since,
+    workspace_file_sha256,
     workspace_for,
     workspace_manifest,
 )
-from tools_app.sandbox import bubblewrap as bubblewrap_module
+from tools_app.sandbox import argv as argv_module
+from tools_app.sandbox import backend as backend_module
 
 POLICY = SandboxPolicy(timeout_seconds=5, cpu_seconds=5)
 
@@ -162,8 +167,37 @@ def test_workspace_changed_since_sees_same_size_rewrites_and_unknown_manifests(t
     assert workspace_changed_since(tmp_path, {"garbage": True})
 
 
+def test_workspace_file_sha256_hashes_regular_files_only_and_stays_inside(_workspace_root: Path) -> None:
+    workspace = workspace_for("s-sha")
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f.bin").write_bytes(b"\x00abc" * 300_000)  # more than one read chunk
+    assert workspace_file_sha256(workspace, "d/f.bin") == (1_200_000, hashlib.sha256(b"\x00abc" * 300_000).hexdigest())
+    os.mkfifo(workspace / "fifo")  # opened without a writer: it must be refused, not hang the worker
+    for path in ("fifo", "d", ""):
+        with pytest.raises(NotARegularFile):
+            workspace_file_sha256(workspace, path)
+    secret = _workspace_root / "outside.txt"
+    secret.write_text("secret")
+    os.symlink(secret, workspace / "out-link")
+    with pytest.raises(PathDenied):
+        workspace_file_sha256(workspace, "out-link")
+    with pytest.raises(FileNotFoundError):
+        workspace_file_sha256(workspace, "nope")
+
+
+def test_a_sandbox_that_cannot_start_is_a_sandbox_error_and_leaks_no_descriptor(
+        real_sandbox: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace = workspace_for("s-nostart")
+    monkeypatch.setattr(argv_module, "HOST_SH", "/nonexistent/sh")  # the launcher cannot be executed
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        result = run_sandboxed(workspace=workspace, command="true", policy=POLICY)
+        assert result.error_code == "sandbox_error" and "could not start the sandbox" in result.error_message
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_no_backend_raises_unless_unsafe_is_allowed(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(bubblewrap_module, "_candidate_backends", lambda: [])
+    monkeypatch.setattr(backend_module, "_candidate_backends", lambda: [])
     try:
         status = sandbox_status(refresh=True)
         assert status["ok"] is False and status["backend"] == "none"

@@ -8,7 +8,14 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tools_app.sandbox import PathDenied, open_beneath, sandbox_ids, workspace_relpath
+from tools_app.sandbox import (
+    NotARegularFile,
+    PathDenied,
+    open_beneath,
+    sandbox_ids,
+    workspace_file_sha256,
+    workspace_relpath,
+)
 
 from .registry import ToolContext, ToolError, ToolResult, cap_text
 
@@ -38,22 +45,11 @@ def _read_regular(workspace: Path, rel: str, limit: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def _sha256_file(workspace: Path, rel: str) -> tuple[int, str]:
-    fd = open_beneath(workspace, rel, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolError("invalid_arguments", f"{rel!r} is not a regular file")
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1024 * 1024):
-            digest.update(chunk)
-        return st.st_size, digest.hexdigest()
-    finally:
-        os.close(fd)
-
-
 def published_file(workspace: Path, rel: str) -> dict[str, Any]:
-    size, sha256 = _sha256_file(workspace, rel)
+    try:
+        size, sha256 = workspace_file_sha256(workspace, rel)
+    except NotARegularFile:
+        raise ToolError("invalid_arguments", f"{rel!r} is not a regular file") from None
     if size > PUBLISH_MAX_BYTES:
         raise ToolError("limit_exceeded", f"{rel!r} is {size} bytes; the artifact limit is {PUBLISH_MAX_BYTES}")
     return {"path": rel, "size": size, "sha256": sha256}

@@ -8,6 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.conf import settings
 
+from tools_app.outbox import outbox_send
+
 from .registry import ToolContext, ToolError, ToolResult, cap_text
 
 HTTP_BODY_CAP = 1024 * 1024
@@ -26,8 +28,6 @@ SEND_EMAIL_SCHEMA: dict[str, Any] = {
 
 
 def send_email(ctx: ToolContext) -> ToolResult:
-    from tools_app.services import outbox_send  # services imports the registry to seed definitions
-
     if not ctx.idempotency_key:
         raise ToolError("invalid_arguments", "send_email needs an idempotency key: a retry must not send twice")
     outbox, created = outbox_send(idempotency_key=ctx.idempotency_key, to=ctx.arguments["to"],

@@ -1,21 +1,36 @@
 """The sandbox: per-session workspaces, bubblewrap-isolated commands, and effect evidence."""
 
-from .bubblewrap import run_sandboxed, sandbox_status
+from .backend import sandbox_status
+from .bubblewrap import run_sandboxed
 from .manifest import manifest_diff, workspace_changed_since, workspace_manifest
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
-from .workspace import PathDenied, open_beneath, sandbox_ids, workspace_for, workspace_relpath
+from .workspace import (
+    FileDigest,
+    NotARegularFile,
+    PathDenied,
+    file_sha256,
+    open_beneath,
+    sandbox_ids,
+    workspace_file_sha256,
+    workspace_for,
+    workspace_relpath,
+)
 
 __all__ = [
     "CommandResult",
+    "FileDigest",
+    "NotARegularFile",
     "PathDenied",
     "SandboxPolicy",
     "SandboxUnavailable",
+    "file_sha256",
     "manifest_diff",
     "open_beneath",
     "run_sandboxed",
     "sandbox_ids",
     "sandbox_status",
     "workspace_changed_since",
+    "workspace_file_sha256",
     "workspace_for",
     "workspace_manifest",
     "workspace_relpath",

@@ -7,10 +7,12 @@ in between the check and the open makes the open fail instead of escaping.
 """
 
 import errno
+import hashlib
 import os
 import re
 import stat
 from pathlib import Path
+from typing import NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -18,12 +20,17 @@ from django.conf import settings
 DEFAULT_SANDBOX_UID = 65534
 SANDBOX_MOUNT = "/workspace"
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_HASH_CHUNK_BYTES = 1024 * 1024
 
 
 class PathDenied(Exception):
     """The path leaves the workspace (absolute, ``..``, or a symlink pointing out)."""
 
     code = "denied"
+
+
+class NotARegularFile(OSError):
+    """The path is a directory, FIFO, socket or device: only regular files are read or hashed."""
 
 
 def sandbox_ids() -> tuple[int, int]:
@@ -132,3 +139,37 @@ def open_beneath(workspace: Path, relpath: str, flags: int, mode: int = 0o644, *
         raise
     finally:
         os.close(dirfd)
+
+
+class FileDigest(NamedTuple):
+    size: int
+    sha256: str
+
+
+def file_sha256(fd: int) -> FileDigest:
+    """Size and SHA-256 of the regular file open on ``fd``, read from its start. The caller closes ``fd``.
+
+    Raises NotARegularFile for anything else. Open the file with open_beneath(..., os.O_RDONLY |
+    os.O_NONBLOCK): the agent controls the workspace, and a FIFO must not hang the worker.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotARegularFile(f"not a regular file (mode {stat.filemode(st.st_mode)})")
+    os.lseek(fd, 0, os.SEEK_SET)
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, _HASH_CHUNK_BYTES):
+        digest.update(chunk)
+    return FileDigest(st.st_size, digest.hexdigest())
+
+
+def workspace_file_sha256(workspace: Path | str, relpath: str) -> FileDigest:
+    """Size and SHA-256 of a regular file inside ``workspace``, opened with open_beneath().
+
+    ``relpath`` comes from workspace_relpath() or a manifest. Raises PathDenied when it leads out
+    of the workspace, NotARegularFile for a directory or special file, OSError when it is gone.
+    """
+    fd = open_beneath(Path(workspace), relpath, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return file_sha256(fd)
+    finally:
+        os.close(fd)

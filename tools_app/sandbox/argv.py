@@ -1,0 +1,97 @@
+"""The command line of one sandboxed command.
+
+The process chain is ``/bin/sh`` (as root: join a pids cgroup, set rlimits) -> ``setpriv`` (drop
+to the sandbox uid: bwrap must never run as real root) -> ``bwrap`` -> ``/bin/sh -c COMMAND`` as
+pid 1 of fresh user, pid, net, ipc, uts and cgroup namespaces. Each step execs the next, so
+the Popen pid is bwrap's and killing its process group plus the cgroup ends everything: bwrap's
+child dies with it (--die-with-parent), and with it the whole pid namespace.
+"""
+
+import os
+from pathlib import Path
+
+from .cgroup import PidsCgroup
+from .policy import SandboxPolicy
+from .workspace import SANDBOX_MOUNT, sandbox_ids
+
+SETPRIV = "/usr/bin/setpriv"
+HOST_SH = "/bin/sh"
+# The environment inside the sandbox (bwrap starts from --clearenv).
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SANDBOX_MOUNT, "TMPDIR": "/tmp",
+               "LANG": "C.UTF-8", "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/sh"}
+# Host files a command needs to run common tools; none of them hold secrets.
+_ETC_RO_BINDS = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types")
+_ETC_NET_BINDS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates", "/etc/nsswitch.conf")
+# Exit status of the launcher itself when it cannot set up limits (distinct from the command's).
+LAUNCHER_FAILED = 125
+# Joins the cgroup (when given), sets the limits, drops nothing yet; then execs the rest of argv.
+# ulimit units in dash: -v KiB, -f 512-byte blocks. CPU: soft then hard, so SIGXCPU comes first.
+_LAUNCHER = (
+    'if [ -n "$1" ]; then echo $$ > "$1" || exit 125; fi; '
+    'ulimit -c 0 && ulimit -St "$2" && ulimit -Ht "$3" && ulimit -v "$4" && ulimit -f "$5" '
+    '&& ulimit -n "$6" && ulimit -p "$7" || exit 125; '
+    'shift 7; exec "$@"'
+)
+
+
+def bwrap_args(bwrap: str, *, workspace: Path, cwd_rel: str, policy: SandboxPolicy, passwd_fd: int,
+               group_fd: int, status_fd: int, command: str) -> list[str]:
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
+            "--json-status-fd", str(status_fd)]
+    if policy.network == "host":
+        args.append("--share-net")
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        link = f"/{name}"
+        if os.path.islink(link):
+            args += ["--symlink", os.readlink(link), link]
+        elif os.path.isdir(link):
+            args += ["--ro-bind", link, link]
+    etc = list(_ETC_RO_BINDS) + (list(_ETC_NET_BINDS) if policy.network == "host" else [])
+    for path in etc:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd", "--ro-bind-data", str(group_fd), "/etc/group",
+             "--bind", str(workspace), SANDBOX_MOUNT,
+             "--size", str(policy.tmp_size_bytes), "--tmpfs", "/tmp",
+             "--proc", "/proc", "--dev", "/dev",
+             "--chdir", f"{SANDBOX_MOUNT}/{cwd_rel}".rstrip("/"),
+             "--hostname", "sandbox"]
+    for key, value in SANDBOX_ENV.items():
+        args += ["--setenv", key, value]
+    args += ["/bin/sh", "-c", command]
+    return args
+
+
+def launcher_args(policy: SandboxPolicy, cgroup: PidsCgroup | None, has_cgroup_parent: bool) -> list[str]:
+    # With a per-command pids cgroup, RLIMIT_NPROC is only a uid-wide backstop (it is shared by every
+    # sandbox running at once); without one it is the only bound on processes.
+    nproc = max(policy.max_processes * 16, 4096) if has_cgroup_parent else policy.max_processes
+    return [HOST_SH, "-c", _LAUNCHER, "agentops-sandbox", cgroup.procs_file if cgroup else "",
+            str(policy.cpu_seconds), str(policy.cpu_seconds + 1), str(max(policy.memory_bytes // 1024, 1)),
+            str(max(policy.file_size_bytes // 512, 1)), str(policy.max_open_files), str(nproc)]
+
+
+def drop_privileges_args() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    uid, gid = sandbox_ids()
+    return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
+def data_fd(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (for bwrap's --ro-bind-data)."""
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, data)  # a few hundred bytes: far below the pipe buffer, never blocks
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def passwd_data() -> tuple[bytes, bytes]:
+    uid, gid = sandbox_ids()
+    passwd = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:{SANDBOX_MOUNT}:/bin/sh\n"
+    passwd += "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" if uid != 65534 else ""
+    group = f"root:x:0:\nsandbox:x:{gid}:\n"
+    return passwd.encode(), group.encode()
