@@ -49,8 +49,8 @@ def _check_gateways() -> dict[str, Any]:
 
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-        states = [json.loads(raw) for key in client.scan_iter(f"{HEARTBEAT_KEY}*", count=100)
-                  if (raw := client.get(key))]
+        states = [json.loads(str(raw, "utf-8")) for key in client.scan_iter(f"{HEARTBEAT_KEY}*", count=100)
+                  if isinstance(raw := client.get(key), bytes)]
     except Exception as exc:
         return {"ok": False, "error": str(exc)[:300], "count": 0}
     names = sorted(state["name"] for state in states)

@@ -1,8 +1,9 @@
 """`make run`: the whole product on one machine, one URL printed, every child stopped on exit.
 
 Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
-OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne and a
-Celery worker (with beat for the recovery sweeper).
+OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne, a Celery
+worker (ticks and commands, with beat for the recovery sweeper) and the model gateway (the model
+calls, $AGENTOPS_GATEWAY_CONCURRENCY at once).
 """
 
 import os
@@ -89,9 +90,10 @@ def main() -> int:
             subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
             subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
                            check=True)
-            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,llm,sandbox",
+            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
                              "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
                              "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
+            spawn("gateway", [PY, "manage.py", "model_gateway"])
             web = spawn("web", [PY, "-m", "daphne", "-b", host, "-p", str(port), "agentops.asgi:application"])
             wait_port(port, web, "daphne")
             _wait_healthy(port)

@@ -9,7 +9,8 @@ Script lines (found in the latest user message, one model response per line):
     parallel / tool ... / end     several tool calls in one response
     say <text>                    the final answer; `{results}` expands to this turn's tool results
     sleep <ms>                    delay the next response
-    error <http status>           fail the next response once; a retry of the same position succeeds
+    error <http status> [<secs>]  fail the next response once (with Retry-After: secs when given);
+                                  a retry of the same position succeeds
 The script position is the number of assistant messages after the latest user message, so the
 model advances one line each time the product has fed back the tool results of the previous one.
 Without script lines it plays the built-in incident-investigation demo (`scripted_model.demo`).

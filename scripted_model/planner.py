@@ -32,6 +32,7 @@ class Reply:
     completion_tokens: int
     sleep_ms: int = 0
     error_status: int | None = None
+    retry_after: int | None = None
     # The script position answered (0 for a script that does not parse: its error is the answer).
     position: int = 0
     # Identifies "this conversation at this script line": an `error` fires once per key.
@@ -131,7 +132,8 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
 
     step = steps[position] if position < len(steps) else ScriptStep(len(steps), (), SCRIPT_FINISHED_TEXT)
     if not step.tool_calls and step.text is None:
-        step = ScriptStep(step.line_index, (), SCRIPT_FINISHED_TEXT, step.sleep_ms, step.error_status)
+        step = ScriptStep(step.line_index, (), SCRIPT_FINISHED_TEXT, step.sleep_ms, step.error_status,
+                          step.retry_after)
 
     position_key = f"{digest}:{step.line_index}"
     if step.tool_calls:
@@ -155,6 +157,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
             completion_tokens=_estimate_tokens(output_chars),
             sleep_ms=step.sleep_ms,
             error_status=step.error_status,
+            retry_after=step.retry_after,
             position=position,
             position_key=position_key,
             response_id=f"chatcmpl-{digest[:24]}",
@@ -168,6 +171,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
         completion_tokens=_estimate_tokens(len(text)),
         sleep_ms=step.sleep_ms,
         error_status=step.error_status,
+        retry_after=step.retry_after,
         position=position,
         position_key=position_key,
         response_id=f"chatcmpl-{digest[:24]}",

@@ -31,6 +31,7 @@ class ScriptStep:
     text: str | None = None
     sleep_ms: int = 0
     error_status: int | None = None
+    retry_after: int | None = None  # seconds, sent as Retry-After with the scripted error
 
 
 def _parse_line(line: str, line_index: int) -> tuple[str, Any] | None:
@@ -46,13 +47,20 @@ def _parse_line(line: str, line_index: int) -> tuple[str, Any] | None:
         return keyword, None
     if keyword == "say":
         return keyword, rest
-    if keyword in ("sleep", "error"):
-        if not rest.isdigit():
-            raise ScriptError(f"{where}: `{keyword}` needs a whole number, got {rest!r}")
-        number = int(rest)
-        if keyword == "error" and not 400 <= number <= 599:
+    if keyword == "error":
+        # error <status> [<retry-after seconds>]
+        status_text, _, retry_text = rest.partition(" ")
+        retry_text = retry_text.strip()
+        if not status_text.isdecimal() or (retry_text and not retry_text.isdecimal()):
+            raise ScriptError(f"{where}: `error` needs an HTTP status and an optional Retry-After, got {rest!r}")
+        number = int(status_text)
+        if not 400 <= number <= 599:
             raise ScriptError(f"{where}: `error` needs an HTTP status 400-599, got {number}")
-        return keyword, number
+        return keyword, (number, int(retry_text) if retry_text else None)
+    if keyword == "sleep":
+        if not rest.isdecimal():
+            raise ScriptError(f"{where}: `{keyword}` needs a whole number, got {rest!r}")
+        return keyword, int(rest)
     name, _, raw_arguments = rest.partition(" ")
     if not name:
         raise ScriptError(f"{where}: `tool` needs a name")
@@ -88,7 +96,7 @@ def parse_script(text: str) -> list[ScriptStep] | None:
         raise broken[0]
 
     steps: list[ScriptStep] = []
-    sleep_ms, error_status = 0, None
+    sleep_ms, error_status, retry_after = 0, None, None
     group: list[ToolCall] | None = None
     group_index = 0
     for index, keyword, value in parsed:
@@ -98,7 +106,7 @@ def parse_script(text: str) -> list[ScriptStep] | None:
         if keyword == "sleep":
             sleep_ms += value
         elif keyword == "error":
-            error_status = value
+            error_status, retry_after = value
         elif keyword == "parallel":
             group, group_index = [], index
         elif keyword == "end":
@@ -106,18 +114,18 @@ def parse_script(text: str) -> list[ScriptStep] | None:
                 raise ScriptError(f"{where}: `end` without `parallel`")
             if not group:
                 raise ScriptError(f"{where}: empty `parallel` block")
-            steps.append(ScriptStep(group_index, tuple(group), None, sleep_ms, error_status))
-            group, sleep_ms, error_status = None, 0, None
+            steps.append(ScriptStep(group_index, tuple(group), None, sleep_ms, error_status, retry_after))
+            group, sleep_ms, error_status, retry_after = None, 0, None, None
         elif keyword == "tool" and group is not None:
             group.append(value)
         else:
             calls = (value,) if keyword == "tool" else ()
             text_value = value if keyword == "say" else None
-            steps.append(ScriptStep(index, calls, text_value, sleep_ms, error_status))
-            sleep_ms, error_status = 0, None
+            steps.append(ScriptStep(index, calls, text_value, sleep_ms, error_status, retry_after))
+            sleep_ms, error_status, retry_after = 0, None, None
     if group is not None:
         raise ScriptError(f"line {group_index + 1}: `parallel` without `end`")
     # Modifiers after the last response line apply to the "(script finished)" answer.
     if sleep_ms or error_status is not None:
-        steps.append(ScriptStep(len(text.splitlines()), (), None, sleep_ms, error_status))
+        steps.append(ScriptStep(len(text.splitlines()), (), None, sleep_ms, error_status, retry_after))
     return steps

@@ -52,6 +52,23 @@ class ScriptedModelServer(ThreadingHTTPServer):
         self.api_key = api_key or None
         self.log_requests = log_requests
         self.ledger = ErrorLedger()
+        self._in_flight_lock = threading.Lock()
+        self.in_flight = 0  # chat-completions requests being answered now
+        self.peak_in_flight = 0
+
+    def call_started(self) -> None:
+        with self._in_flight_lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def call_finished(self) -> None:
+        with self._in_flight_lock:
+            self.in_flight -= 1
+
+    def stats(self) -> dict[str, int]:
+        with self._in_flight_lock:
+            return {"in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight,
+                    "answered": self.request_log.last_seq}
 
     @property
     def base_url(self) -> str:
@@ -98,6 +115,8 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
             self._send_error(405, "Use POST for /v1/chat/completions.")
         elif path == "/_log":
             self._send_log()
+        elif path == "/_stats":
+            self._send_json(200, self.server.stats())
         else:
             self._send_error(404, f"Unknown path {path}.")
 
@@ -122,12 +141,20 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
         self._answer(body, received_at)
 
     def _answer(self, body: dict[str, Any], received_at: float) -> None:
+        self.server.call_started()
+        try:
+            self._answer_now(body, received_at)
+        finally:
+            self.server.call_finished()
+
+    def _answer_now(self, body: dict[str, Any], received_at: float) -> None:
         reply = plan_reply(body["messages"])
         if reply.sleep_ms:
             time.sleep(reply.sleep_ms / 1000)
         if reply.error_status is not None and self.server.ledger.first_time(reply.position_key):
             self._record(body, reply, received_at, "error", reply.error_status)
-            self._send_error(reply.error_status, f"Scripted failure (HTTP {reply.error_status}); a retry succeeds.")
+            self._send_error(reply.error_status, f"Scripted failure (HTTP {reply.error_status}); a retry succeeds.",
+                             retry_after=reply.retry_after)
             return
         # Recorded before the first byte is sent: a client holding its response finds the entry.
         self._record(body, reply, received_at, "tool_calls" if reply.tool_calls else "text", 200)
@@ -190,9 +217,12 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
         self._send_error(401, "Incorrect API key provided.")
         return False
 
-    def _send_error(self, status: int, message: str, *, param: str | None = None) -> None:
+    def _send_error(self, status: int, message: str, *, param: str | None = None,
+                    retry_after: int | None = None) -> None:
         headers = {}
-        if status == 429 or status >= 500:
+        if retry_after is not None:
+            headers["retry-after"] = str(retry_after)  # what the script asked for, in seconds
+        elif status == 429 or status >= 500:
             # Lets an SDK with retries enabled come back quickly instead of backing off for seconds.
             headers["retry-after-ms"] = "50"
         self._send_json(status, error_body(status, message, param=param), headers)

@@ -1,13 +1,20 @@
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 
+from scripted_model.server import ScriptedModelServer
 from tests import factories
+from tests.helpers import ROOT, WorkerFactory, database_url
 
 
 @pytest.fixture(autouse=True)
@@ -90,14 +97,20 @@ def workers(celery_worker: object, model_gateway: object) -> None:
 
 
 @pytest.fixture(scope="session")
-def scripted_model_url() -> str:  # type: ignore[misc]
-    """The scripted OpenAI-compatible model, served over real HTTP for the whole run."""
+def scripted_model() -> Iterator[ScriptedModelServer]:
+    """The scripted OpenAI-compatible model, served over real HTTP for the whole run; its request
+    log and call counts tell a test what the engine sent."""
     from scripted_model.server import start_in_thread
 
-    server, url = start_in_thread(port=0)
-    yield url
+    server, _url = start_in_thread(port=0)
+    yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def scripted_model_url(scripted_model: ScriptedModelServer) -> str:
+    return scripted_model.base_url
 
 
 @pytest.fixture
@@ -110,3 +123,36 @@ def engine_agent(db: None, scripted_model_url: str) -> factories.AgentProfile:
     profile = factories.agent_profile(base_url=scripted_model_url, model="scripted")
     profile.tools.set(ToolDefinition.objects.all())
     return profile
+
+
+@pytest.fixture
+def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Start real worker and gateway processes on the test database; all are killed at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(*, kind: str = "worker", failpoint: str = "", beat: bool = False,
+              marker: Path | None = None) -> subprocess.Popen[bytes]:
+        """A Celery worker (``kind="worker"``, with beat: the sweeper) or a model gateway."""
+        env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
+               "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
+               "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
+               # Short leases (a live gateway renews its own) and a fast sweeper.
+               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
+               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
+        env.pop("DATABASE_TEST_NAME", None)
+        if kind == "gateway":
+            args = [sys.executable, "manage.py", "model_gateway", "--concurrency", "50"]
+        else:
+            args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
+                    "--pool", "threads", "-c", "4", "-l", "warning", "-n", f"w{len(procs)}@%h"]
+        if beat:
+            args += ["-B", "--schedule", str(tmp_path / f"beat-{len(procs)}")]
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -2,6 +2,9 @@
 database URL for worker subprocesses, and finding sandboxed processes."""
 
 import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -10,6 +13,10 @@ from django.db import connection
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import Event, Turn
 from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+# worker_process(kind="worker" | "gateway", failpoint=..., beat=..., marker=...) -> the process
+WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 
 
 def script(*lines: str) -> str:

@@ -19,6 +19,7 @@ A turn's loop, as in Celery's ``tick.turn_advance`` but with the model call awai
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 READ_BATCH = 100
-RECLAIM_EVERY_SECONDS = 10.0
-RECLAIM_IDLE_MS = 30_000  # an entry read this long ago and not acknowledged: its gateway is gone
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_KEY = "agentops:gateway:"
 
@@ -71,10 +70,14 @@ class Gateway:
     """Reads planned model steps from the stream and drives their turns, ``concurrency`` at once."""
 
     def __init__(self, *, concurrency: int | None = None, db_threads: int | None = None,
-                 clients_per_endpoint: int = 8, name: str | None = None, db_in_loop: bool = False) -> None:
+                 clients_per_endpoint: int = 8, name: str | None = None, db_in_loop: bool = False,
+                 reclaim_after_seconds: float | None = None) -> None:
         """``db_in_loop`` runs the database work on the event loop's own thread, blocking it: only
-        for a test that drives one turn and counts its queries on that thread."""
+        for a test that drives one turn and counts its queries on that thread.
+        ``reclaim_after_seconds``: an entry read that long ago and never acknowledged belongs to a
+        gateway that is gone, and is taken over."""
         self.concurrency = concurrency or settings.AGENTOPS_GATEWAY_CONCURRENCY
+        self.reclaim_after = reclaim_after_seconds or settings.AGENTOPS_GATEWAY_RECLAIM_SECONDS
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._executor = None if db_in_loop else ThreadPoolExecutor(
             db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS, thread_name_prefix="gateway-db")
@@ -190,10 +193,8 @@ class Gateway:
             for task in tasks:
                 task.cancel()
             await self.clients.close()
-            try:
+            with contextlib.suppress(aioredis.RedisError):
                 await client.delete(HEARTBEAT_KEY + self.name)
-            except aioredis.RedisError:
-                pass
             await client.aclose()
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -230,7 +231,9 @@ class Gateway:
             if not acked:
                 acked = True
                 async with client.pipeline(transaction=False) as pipe:
-                    await pipe.xack(MODEL_STREAM, MODEL_GROUP, entry_id).xdel(MODEL_STREAM, entry_id).execute()
+                    pipe.xack(MODEL_STREAM, MODEL_GROUP, entry_id)
+                    pipe.xdel(MODEL_STREAM, entry_id)
+                    await pipe.execute()
 
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
@@ -247,14 +250,14 @@ class Gateway:
     async def _reclaim(self, client: aioredis.Redis, tasks: set[asyncio.Task[None]]) -> None:
         """Take over entries that a gateway read and never acknowledged (it died before its tick)."""
         while True:
-            await asyncio.sleep(RECLAIM_EVERY_SECONDS)
+            await asyncio.sleep(self.reclaim_after / 3)
             try:
                 free = self.concurrency - len(tasks)
                 if free <= 0:
                     continue
                 _next, entries, *_ = await client.xautoclaim(MODEL_STREAM, MODEL_GROUP, self.name,
-                                                             min_idle_time=RECLAIM_IDLE_MS, start_id="0-0",
-                                                             count=min(free, READ_BATCH))
+                                                             min_idle_time=int(self.reclaim_after * 1000),
+                                                             start_id="0-0", count=min(free, READ_BATCH))
                 for entry_id, fields in entries:
                     if fields:  # a deleted entry comes back empty
                         log.warning("model gateway: taking over entry %s", entry_id)

@@ -41,6 +41,7 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "daphne" in names and "celery" in names and "scripted_model" in names and "redis-server" in names
+        assert "model_gateway" in names
         # The URL is printed only once the worker answers: /healthz is green at once.
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status_code == 200, health.text

@@ -83,7 +83,7 @@ def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
         "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL,
         "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
         "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-        "DATABASE_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
     })
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -93,9 +93,10 @@ def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
         model = s.spawn("model", [sys.executable, "manage.py", "scripted_model", "--port", str(model_port),
                                   "--quiet"])
         wait_port(model_port, model, "scripted model")
-        s.spawn("worker", [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
+        s.spawn("worker", [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
                            "--pool", "threads", "-c", "4", "-l", "warning", "--without-heartbeat",
                            "--without-gossip", "--without-mingle"])
+        s.spawn("gateway", [sys.executable, "manage.py", "model_gateway", "--concurrency", "50"])
         s.start_web()
         yield s
     finally:

@@ -3,6 +3,7 @@
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -36,3 +37,31 @@ def test_scripted_model_rejects_wrong_api_key() -> None:
     assert failure.value.status_code == 401
     assert failure.value.code == "invalid_api_key"
     assert [m.id for m in models.data] == ["scripted"]
+
+
+def test_scripted_model_error_with_retry_after_sends_the_header(base_url: str) -> None:
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "error 429 3\nsay ok"}]}
+    first = httpx.post(f"{base_url}/chat/completions", json=body, timeout=10)
+    assert first.status_code == 429 and first.headers["retry-after"] == "3"
+    assert "retry-after-ms" not in first.headers
+    again = httpx.post(f"{base_url}/chat/completions", json=body, timeout=10)
+    assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] == "ok"
+
+
+def test_scripted_model_stats_count_calls_in_flight(base_url: str) -> None:
+    import threading
+
+    root = base_url.removesuffix("/v1")
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "sleep 800\nsay slow"}]}
+    threads = [threading.Thread(target=httpx.post, args=(f"{base_url}/chat/completions",),
+                                kwargs={"json": body, "timeout": 10}) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{root}/_stats").json()["in_flight"] < 3:
+        assert time.monotonic() < deadline, "three calls never in flight together"
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    stats = httpx.get(f"{root}/_stats").json()
+    assert stats["in_flight"] == 0 and stats["peak_in_flight"] >= 3

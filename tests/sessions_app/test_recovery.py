@@ -5,11 +5,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
@@ -18,41 +15,9 @@ from approvals_app.services import approval_decide
 from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
-from tests.helpers import assert_gap_free, database_url, finished, sandboxed
+from tests.helpers import WorkerFactory, assert_gap_free, finished, sandboxed
 from tests.waiting import wait_for
 from tools_app.models import Outbox, ToolDefinition
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-WorkerFactory = Callable[..., subprocess.Popen[bytes]]
-
-
-@pytest.fixture
-def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFactory]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(*, failpoint: str = "", beat: bool = False, marker: Path | None = None) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
-               "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
-               "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-               # Short leases: a model step's is 4 x 1 s + the retry delays + 1 s.
-               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "1", "AGENTOPS_SWEEP_SECONDS": "0.5",
-               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
-        env.pop("DATABASE_TEST_NAME", None)
-        args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
-                "--pool", "threads", "-c", "4", "-l", "warning", "-n", f"w{len(procs)}@%h"]
-        if beat:
-            args += ["-B", "--schedule", str(tmp_path / f"beat-{len(procs)}")]
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
-        procs.append(proc)
-        return proc
-
-    yield spawn
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _setup(scripted_model_url: str) -> tuple[AgentProfile, User, User]:
@@ -77,6 +42,7 @@ def _approved_command(worker_process: WorkerFactory, scripted_model_url: str, co
     """A worker, and a turn whose run_command (4 s timeout) a reviewer approved: it starts now."""
     agent, operator, reviewer = _setup(scripted_model_url)
     ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=4)
+    worker_process(kind="gateway")
     first = worker_process()
     session, turn = session_start(agent=agent, owner=operator,
                                   input=f"tool run_command {json.dumps({'command': command})}\nsay {{results}}")
@@ -93,6 +59,7 @@ def test_recovery_worker_killed_during_send_email_sends_exactly_one(
         worker_process: WorkerFactory, scripted_model_url: str) -> None:
     agent, operator, reviewer = _setup(scripted_model_url)
     ToolDefinition.objects.filter(name="send_email").update(timeout_seconds=2)
+    worker_process(kind="gateway")
     first = worker_process(failpoint="send_email:60")
     email = {"to": "cfo@example.com", "subject": "Refund", "body": "Your refund is on its way."}
     _session, turn = session_start(agent=agent, owner=operator,
@@ -149,21 +116,24 @@ def test_recovery_worker_killed_before_command_changed_anything_retries_it(
     assert Step.objects.get(pk=approval.step_id).attempts == 2
 
 
-def test_recovery_worker_killed_during_inline_read_only_calls_reruns_the_model_step(
+def test_recovery_gateway_killed_during_inline_read_only_calls_reruns_the_model_step(
         worker_process: WorkerFactory, scripted_model_url: str, tmp_path: Path) -> None:
-    """Read-only calls run inline before anything of their reply is recorded: a worker lost there
-    leaves the model step's lease to expire, and the model call (and so the calls) run again."""
+    """Read-only calls run inline in the gateway before anything of their reply is recorded: a
+    gateway lost there leaves the model step's lease to expire, and the model call (and so the
+    calls) run again."""
     agent, operator, _reviewer = _setup(scripted_model_url)
     marker = tmp_path / "held"
-    first = worker_process(failpoint="list_files:60", marker=marker)
+    first = worker_process(kind="gateway", failpoint="list_files:60", marker=marker)
     call = 'tool list_files {"path": "."}'
     _session, turn = session_start(agent=agent, owner=operator, input=f"{call}\n{call}\nsay {{results}}")
     assert turn is not None
-    wait_for(marker.exists, 60, "the worker held after list_files ran")
+    worker_process()
+    wait_for(marker.exists, 60, "the gateway held after list_files ran")
     model_step = Step.objects.get(turn=turn, index=0)
     assert model_step.status == "running"
     assert not Step.objects.filter(turn=turn, kind="tool").exists()  # nothing of the reply is recorded yet
     _kill(first)
+    worker_process(kind="gateway")
     worker_process(beat=True)
     turn = finished(turn, timeout=90)
     assert turn.status == "completed", (turn.error_code, turn.error_message)

@@ -1,0 +1,182 @@
+"""The model gateway: at-least-once hand-off over the Redis stream, one call per step whatever is
+delivered twice, a gateway killed with calls in flight, and rate limits per endpoint."""
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from agentops.dispatch import MODEL_GROUP, MODEL_STREAM, redis_client
+from scripted_model.request_log import RequestLogEntry
+from scripted_model.server import ScriptedModelServer, start_in_thread
+from sessions_app.engine.commands import session_start
+from sessions_app.engine.gateway import run_in_thread
+from sessions_app.engine.tick import turn_tick
+from sessions_app.models import AgentProfile, Event, Step, Turn
+from sessions_app.services import session_create, turn_create
+from tests import factories
+from tests.helpers import WorkerFactory, assert_gap_free, finished, script, tool
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _empty_stream() -> Iterator[None]:
+    """Each test starts and ends with no entry on the stream and no consumer group."""
+    redis_client().delete(MODEL_STREAM)
+    yield
+    redis_client().delete(MODEL_STREAM)
+
+
+@pytest.fixture
+def owner(transactional_db: None) -> User:
+    return factories.user("gwen", groups=["operators"])
+
+
+def _requests_of(server: ScriptedModelServer, token: str) -> list[RequestLogEntry]:
+    return [e for e in server.logged_requests() if token in e.last_user_message]
+
+
+def _planned_model_step(agent: AgentProfile, owner: User, text: str) -> Step:
+    """A turn ticked once by Celery's side: its first model step planned and put on the stream."""
+    session = session_create(agent=agent, owner=owner, title="gateway")
+    turn = turn_create(session_id=session.id, input=text, actor=owner)
+    turn_tick(turn.id)
+    return Step.objects.get(turn=turn, kind="model")
+
+
+def test_gateway_entry_delivered_three_times_calls_the_model_once(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
+        model_gateway: object) -> None:
+    token = uuid.uuid4().hex
+    with transaction.atomic():
+        step = _planned_model_step(engine_agent, owner, f"say hello {token}")
+        for _ in range(2):  # a redelivery, a retried send: the same step twice more
+            transaction.on_commit(lambda: redis_client().xadd(MODEL_STREAM, {"step_id": str(step.id)}))
+    turn = finished(Turn.objects.get(pk=step.turn_id))
+    assert turn.status == "completed" and turn.output_text == f"hello {token}"
+    wait_for(lambda: redis_client().xlen(MODEL_STREAM) == 0, 10, "every entry acknowledged and deleted")
+    assert len(_requests_of(scripted_model, token)) == 1
+    assert Event.objects.filter(session_id=turn.session_id, type="model.completed").count() == 1
+    assert Step.objects.get(pk=step.pk).attempts == 1
+    assert_gap_free(turn.session_id)
+
+
+def test_gateway_takes_over_an_entry_that_a_dead_gateway_read(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    token = uuid.uuid4().hex
+    client = redis_client()
+    client.xgroup_create(MODEL_STREAM, MODEL_GROUP, id="0", mkstream=True)
+    step = _planned_model_step(engine_agent, owner, f"say taken over {token}")
+    # A gateway reads the entry and dies before its tick: the entry stays pending, unacknowledged.
+    read: Any = client.xreadgroup(MODEL_GROUP, "dead-gateway", {MODEL_STREAM: ">"}, count=10)
+    assert [fields[b"step_id"].decode() for _, entries in read for _, fields in entries] == [str(step.id)]
+    gateway, thread = run_in_thread(concurrency=10, db_threads=2, reclaim_after_seconds=0.5)
+    try:
+        turn = finished(Turn.objects.get(pk=step.turn_id))
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"taken over {token}"
+    pending: Any = client.xpending(MODEL_STREAM, MODEL_GROUP)
+    assert pending["pending"] == 0
+    assert len(_requests_of(scripted_model, token)) == 1
+
+
+def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
+        worker_process: WorkerFactory) -> None:
+    token = uuid.uuid4().hex
+    first = worker_process(kind="gateway")
+    worker_process(beat=True)  # ticks, and the sweeper that re-issues expired model steps
+    turns = [session_start(agent=engine_agent, owner=owner,
+                           input=script("sleep 2500", f"say done {token} {n}"))[1] for n in range(20)]
+    before = scripted_model.stats()["in_flight"]
+    wait_for(lambda: scripted_model.stats()["in_flight"] - before >= 20, 30, "20 calls in flight")
+    first.kill()
+    first.wait()
+    worker_process(kind="gateway")
+    for n, turn in enumerate(turns):
+        assert turn is not None
+        done = finished(turn, timeout=60)
+        assert done.status == "completed" and done.output_text == f"done {token} {n}", done.error_message
+        # One reply recorded per turn, by the call re-issued after the lease of the first expired.
+        assert Event.objects.filter(session_id=done.session_id, type="model.completed").count() == 1
+        (model_step,) = Step.objects.filter(turn=done, kind="model")
+        assert model_step.attempts == 2
+        assert Event.objects.filter(step_id=model_step.id, type="step.recovered", payload__outcome="retry").count() == 1
+        assert_gap_free(done.session_id)
+    # The model saw each call twice: the one that died with the gateway (it answered into the void
+    # after its sleep), and the one re-issued. Never three times.
+    wait_for(lambda: len(_requests_of(scripted_model, token)) >= 40, 20, "the killed calls to be answered")
+    per_turn = [sum(1 for e in _requests_of(scripted_model, token) if e.last_user_message.endswith(f" {n}"))
+                for n in range(20)]
+    assert per_turn == [2] * 20
+
+
+def test_gateway_honours_retry_after_for_that_endpoint_only(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, workers: None) -> None:
+    other, other_url = start_in_thread(port=0)
+    try:
+        slow_agent = factories.agent_profile(base_url=other_url, model="scripted")
+        slow_agent.tools.set(engine_agent.tools.all())
+        token = uuid.uuid4().hex
+        _, limited = session_start(agent=engine_agent, owner=owner, input=script("error 429 2", f"say ok {token}"))
+        assert limited is not None
+        refused = wait_for(lambda: [e for e in _requests_of(scripted_model, token) if e.status == 429], 30,
+                           "the 429")[0]
+        # Meanwhile a session on another endpoint is served at once.
+        _, free = session_start(agent=slow_agent, owner=owner, input=f"say free {token}")
+        assert free is not None
+        assert finished(free).status == "completed"
+        (served,) = [e for e in other.logged_requests() if token in e.last_user_message]
+        assert served.finished_at < refused.finished_at + 2
+        limited = finished(limited)
+        assert limited.status == "completed" and limited.output_text == f"ok {token}"
+        retried = [e for e in _requests_of(scripted_model, token) if e.status == 200]
+        assert len(retried) == 1 and retried[0].received_at >= refused.finished_at + 2 - 0.05
+        retrying = Event.objects.get(session_id=limited.session_id, type="model.retrying")
+        assert retrying.payload["retry_after"] == 2.0
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def _most_at_once(entries: list[RequestLogEntry]) -> int:
+    """The most requests that were being answered at the same moment."""
+    edges = sorted([(e.received_at, 1) for e in entries] + [(e.finished_at, -1) for e in entries])
+    most = current = 0
+    for _, change in edges:
+        current += change
+        most = max(most, current)
+    return most
+
+
+def test_gateway_calls_overlap_beyond_the_celery_pool(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, workers: None) -> None:
+    """Twelve sessions whose calls take a second each: the gateway has them all in flight at once
+    (the test's Celery worker has 4 threads, which is what model calls were capped at before)."""
+    token = uuid.uuid4().hex
+    turns = [session_start(agent=engine_agent, owner=owner,
+                           input=script("sleep 1000", tool("list_files", path="."), "sleep 1000",
+                                        f"say {token} {n}"))[1] for n in range(12)]
+    for turn in turns:
+        assert turn is not None and finished(turn).status == "completed"
+    first_calls = [e for e in _requests_of(scripted_model, token) if e.position == 0]
+    assert len(first_calls) == 12 and _most_at_once(first_calls) == 12
+
+
+def test_gateway_stream_survives_redis_errors_on_xadd(engine_agent: AgentProfile, owner: User,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that refuses the hand-off leaves the committed turn to the sweeper, never a 500."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise redis.ConnectionError("down")
+
+    monkeypatch.setattr(redis.Redis, "xadd", refuse)
+    step = _planned_model_step(engine_agent, owner, "say later")
+    assert Step.objects.get(pk=step.pk).status == "planned"
