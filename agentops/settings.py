@@ -85,6 +85,8 @@ else:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
+        # Names the process kind in pg_stat_activity (the benchmarks count connections by it).
+        "application_name": env.str("DATABASE_APPLICATION_NAME", default="agentops"),
         "pool": {"min_size": env.int("AGENTOPS_DB_POOL_MIN", default=1),
                  "max_size": env.int("AGENTOPS_DB_POOL_SIZE", default=10),
                  "timeout": env.float("AGENTOPS_DB_POOL_TIMEOUT", default=30.0)},

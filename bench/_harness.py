@@ -107,40 +107,49 @@ def cleanup_workspaces() -> None:
 
 
 class Worker:
-    """A real Celery worker subprocess (threads pool) on our Redis db, consuming every engine queue."""
+    """The engine's real processes on our Redis db: a Celery worker subprocess (threads pool, queues
+    engine and sandbox) and a model gateway subprocess (the model calls)."""
 
     def __init__(self, concurrency: int = 4) -> None:
         self.concurrency = concurrency
         fd, path = tempfile.mkstemp(prefix="agentops-bench-worker-", suffix=".log")
         self.log_path = Path(path)
         self.log = os.fdopen(fd, "wb")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,llm,sandbox",
+        return [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
                 "--pool", "threads", "-c", str(self.concurrency), "--loglevel", "WARNING",
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "-n", f"bench{os.getpid()}@%h", "--include", "_worker_tasks"]
 
+    @property
+    def gateway_command(self) -> list[str]:
+        return [sys.executable, "manage.py", "model_gateway", "--concurrency", "100"]
+
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(BENCH_DIR)]))
-        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        for command in (self.command, self.gateway_command):
+            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
 
     def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise SystemExit(f"the Celery worker exited ({self.proc.returncode}); see {self.log_path}:\n"
-                             + self.log_path.read_text()[-3000:])
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise SystemExit(f"{proc.args!r} exited ({proc.returncode}); see {self.log_path}:\n"
+                                 + self.log_path.read_text()[-3000:])
 
     def stop(self, *, keep_log: bool = False) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # warm shutdown
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # warm shutdown
+        for proc in self.procs:
             try:
-                self.proc.wait(timeout=15)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+                proc.kill()
+                proc.wait(timeout=5)
         self.log.close()
         if not keep_log:
             self.log_path.unlink(missing_ok=True)

@@ -1,0 +1,163 @@
+"""The product's real processes for the load benchmarks, in a named layout, on this one machine.
+
+Layouts:
+- ``multi``: the README's multi-host layout, collapsed onto one host: daphne, a Celery worker
+  (ticks and commands, ``-P threads -c 16``, beat for the sweeper) and two model gateways (one per
+  core), every process with its own bounded connection pool; PostgreSQL and Redis of the machine.
+- ``make-run``: exactly what ``make run`` starts (``python -m agentops.run``): SQLite, an embedded
+  Redis, one daphne, one Celery worker (-c 8, with beat), one gateway, default settings.
+
+The scripted model runs as a process of its own (``python -m scripted_model``), so its CPU is
+measured apart from the product's.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+PY = sys.executable
+APP_NAME = "agentops-bench"  # PostgreSQL application_name of every product process
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_http(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None, ok: int = 200) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{url}: the process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                if response.status == ok:
+                    return
+        except Exception as exc:  # not up yet
+            last = str(exc)
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not answer {ok} within {timeout:.0f}s ({last})")
+
+
+@dataclass
+class Stack:
+    layout: str
+    env: dict[str, str]
+    web_port: int
+    model_url: str
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def product_processes(self) -> list[psutil.Process]:
+        """Every process of the product (the model server excluded), children included."""
+        found = []
+        for name, proc in self.procs.items():
+            if name == "model" or proc.poll() is not None:
+                continue
+            try:
+                root = psutil.Process(proc.pid)
+                found += [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        return [p for p in found if "redis-server" not in " ".join(_cmdline(p))]
+
+    def model_stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.model_url.removesuffix("/v1") + "/_stats", timeout=5) as response:
+            stats: dict[str, Any] = json.loads(response.read())
+            return stats
+
+    def model_log(self, after: int = 0) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.model_url.removesuffix("/v1") + f"/_log?after={after}",
+                                    timeout=30) as response:
+            entries: list[dict[str, Any]] = json.loads(response.read())
+            return entries
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) -> Stack:
+    logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
+    env = dict(os.environ, LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", AGENTOPS_WORKSPACE_ROOT=workspaces,
+               AGENTOPS_ARTIFACT_ROOT=workspaces + "-artifacts", DATABASE_APPLICATION_NAME=APP_NAME)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    model_port = free_port()
+    stack = Stack(layout=layout, env=env, web_port=free_port(), model_url=f"http://127.0.0.1:{model_port}/v1",
+                  logs=logs)
+    stack.spawn("model", [PY, "-m", "scripted_model", "--port", str(model_port), "--quiet"])
+    wait_http(stack.model_url + "/models", proc=stack.procs["model"])
+    if layout == "make-run":
+        env.pop("REDIS_URL", None)
+        env.pop("CELERY_BROKER_URL", None)
+        env["DATABASE_URL"] = database_url  # a SQLite file of the benchmark's own
+        env["PORT"] = str(stack.web_port)
+        env["OPENAI_BASE_URL"] = stack.model_url  # make run's own scripted model stays off
+        stack.spawn("make-run", [PY, "-m", "agentops.run"])
+        wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["make-run"])
+        return stack
+    env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
+    # Connection budget (default max_connections 100; ours ≤ 60): daphne 12, worker 10, 2 gateways
+    # × 10, beat inside the worker; the benchmark's own process 4.
+    pools = {"web": "12", "worker": "10", "gateway": "10"}
+    stack.spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
+                           "--pool", "threads", "-c", "16", "-l", "warning", "--without-gossip",
+                           "--without-mingle", "--schedule", str(logs / "beat-schedule")])
+    stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
+    for n in (1, 2):
+        stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
+    stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
+    stack.spawn("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(stack.web_port),
+                        "agentops.asgi:application"])
+    stack.env = env
+    wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["web"])
+    return stack

@@ -1,0 +1,102 @@
+"""WebSocket watchers for the load benchmark, run as their own process.
+
+``python bench/_watchers.py <base_url> <username> <password> <per_session> <seconds>`` reads session
+ids from stdin (one per line, as the benchmark creates them) and opens ``per_session`` WebSockets
+to each, as the dashboard does: ``hello`` with the last seq it has, then live events, asking for
+any gap (``resend``) like ``live.js``. At the end it prints one JSON line: push latency (event
+created → received, for live events only), deliveries, what the channel layer dropped (gaps that
+had to be re-read) and what was still missing after replay.
+"""
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+
+class Watcher:
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.seqs: set[int] = set()
+        self.last = 0
+        self.latencies: list[float] = []
+        self.gaps = 0
+        self.error = ""
+
+    async def run(self, http: aiohttp.ClientSession, base: str, until: float) -> None:
+        ws_url = base.replace("http://", "ws://") + f"/ws/sessions/{self.session_id}/"
+        try:
+            async with http.ws_connect(ws_url, origin=base, heartbeat=30) as ws:
+                await ws.send_json({"type": "hello", "last_seq": 0})
+                live_after = time.time()
+                while time.time() < until:
+                    try:
+                        message = await ws.receive(timeout=max(0.1, until - time.time()))
+                    except TimeoutError:
+                        break
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    received = time.time()
+                    data = json.loads(message.data)
+                    event = data.get("event") or {}
+                    seq = int(event.get("seq", 0))
+                    if seq in self.seqs:
+                        continue
+                    if seq > self.last + 1:  # the channel layer dropped some: ask for them, as live.js does
+                        self.gaps += 1
+                        await ws.send_json({"type": "resend", "after": self.last, "until": seq - 1})
+                    self.seqs.add(seq)
+                    self.last = max(self.last, seq)
+                    created = datetime.fromisoformat(str(event["created_at"])).timestamp()
+                    if created > live_after:  # a live event, not the backlog
+                        self.latencies.append((received - created) * 1000)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+async def main() -> None:
+    base, username, password, per_session, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
+        float(sys.argv[5])
+    until = time.time() + seconds
+    jar = aiohttp.CookieJar(unsafe=True)
+    watchers: list[Watcher] = []
+    tasks: list[asyncio.Task[None]] = []
+    async with aiohttp.ClientSession(cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None)) as http:
+        async with http.get(f"{base}/login/") as page:
+            await page.text()
+        token = next((c.value for c in jar if c.key == "csrftoken"), "")
+        async with http.post(f"{base}/login/", data={"username": username, "password": password,
+                                                      "csrfmiddlewaretoken": token},
+                             headers={"Referer": f"{base}/login/"}, allow_redirects=False) as response:
+            if response.status not in (302, 303):
+                raise SystemExit(f"login failed: {response.status}")
+        print("ready", flush=True)
+        reader = asyncio.StreamReader()
+        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        while time.time() < until:
+            try:
+                line = await asyncio.wait_for(reader.readline(), timeout=max(0.1, until - time.time()))
+            except TimeoutError:
+                break
+            if not line:
+                break
+            session_id = line.decode().strip()
+            for _ in range(per_session):
+                watcher = Watcher(session_id)
+                watchers.append(watcher)
+                tasks.append(asyncio.create_task(watcher.run(http, base, until)))
+        await asyncio.gather(*tasks)
+    report: dict[str, Any] = {
+        "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],
+        "received": {w.session_id: sorted(w.seqs) for w in watchers[::per_session]},
+        "per_client": [[w.session_id, len(w.seqs), w.last] for w in watchers],
+        "gaps": sum(w.gaps for w in watchers), "errors": [w.error for w in watchers if w.error]}
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
