@@ -69,3 +69,9 @@ def model_call_enqueue(step_id: uuid.UUID | str) -> None:
     """Hand a planned model step to the model gateway (the Redis stream ``MODEL_STREAM``)."""
     _on_commit(f"model step {step_id}",
                lambda: redis_client().xadd(MODEL_STREAM, {"step_id": str(step_id)}))
+
+
+def turn_start_enqueue(turn_id: uuid.UUID | str) -> None:
+    """Start a new turn on the model gateway: its first action is a model call, so the gateway
+    ticks it itself (one hop less than a Celery tick that hands the call over)."""
+    _on_commit(f"turn {turn_id}", lambda: redis_client().xadd(MODEL_STREAM, {"turn_id": str(turn_id)}))

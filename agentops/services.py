@@ -2,6 +2,7 @@
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -11,6 +12,7 @@ from agentops.domain import NotFound
 from agentops.models import ApiToken
 
 TOKEN_PREFIX = "aop_"
+LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 def _hash(token: str) -> str:
@@ -34,5 +36,8 @@ def api_token_authenticate(token: str) -> AbstractBaseUser | None:
     row = ApiToken.objects.select_related("user").filter(token_sha256=_hash(token), revoked_at__isnull=True).first()
     if row is None or not row.user.is_active:
         return None
-    ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+        # Minute resolution is enough to see which tokens are in use: a write per request is not.
+        ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
     return row.user

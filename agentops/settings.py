@@ -87,6 +87,9 @@ else:
         **DATABASES["default"].get("OPTIONS", {}),
         # Names the process kind in pg_stat_activity (the benchmarks count connections by it).
         "application_name": env.str("DATABASE_APPLICATION_NAME", default="agentops"),
+        # Parameters bound by the server, not quoted into the SQL text in Python: the engine's
+        # one-statement record carries dozens of them per step.
+        "server_side_binding": env.bool("DATABASE_SERVER_SIDE_BINDING", default=True),
         "pool": {"min_size": env.int("AGENTOPS_DB_POOL_MIN", default=1),
                  "max_size": env.int("AGENTOPS_DB_POOL_SIZE", default=10),
                  "timeout": env.float("AGENTOPS_DB_POOL_TIMEOUT", default=30.0)},

@@ -89,6 +89,20 @@ class Stack:
                 continue
         return [p for p in found if "redis-server" not in " ".join(_cmdline(p))]
 
+    def processes_by_name(self) -> dict[str, list[psutil.Process]]:
+        """Each spawned process with its children (the model server's and PostgreSQL's included:
+        they share the machine), for a CPU breakdown."""
+        found: dict[str, list[psutil.Process]] = {}
+        for name, proc in self.procs.items():
+            try:
+                root = psutil.Process(proc.pid)
+                found[name] = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        postgres = [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("postgres")]
+        redis = [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("redis-server")]
+        return {**found, "postgres": postgres, "redis": redis}
+
     def model_stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.model_url.removesuffix("/v1") + "/_stats", timeout=5) as response:
             stats: dict[str, Any] = json.loads(response.read())
@@ -126,16 +140,24 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
-def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) -> Stack:
-    logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
-    env = dict(os.environ, LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", AGENTOPS_WORKSPACE_ROOT=workspaces,
-               AGENTOPS_ARTIFACT_ROOT=workspaces + "-artifacts", DATABASE_APPLICATION_NAME=APP_NAME)
+def start_model(logs: Path, layout: str = "model") -> Stack:
+    """A stack of one process: the scripted model (``python -m scripted_model``)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)
     model_port = free_port()
-    stack = Stack(layout=layout, env=env, web_port=free_port(), model_url=f"http://127.0.0.1:{model_port}/v1",
-                  logs=logs)
+    stack = Stack(layout=layout, env=env, web_port=0, model_url=f"http://127.0.0.1:{model_port}/v1", logs=logs)
     stack.spawn("model", [PY, "-m", "scripted_model", "--port", str(model_port), "--quiet"])
     wait_http(stack.model_url + "/models", proc=stack.procs["model"])
+    return stack
+
+
+def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) -> Stack:
+    logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
+    stack = start_model(logs, layout)
+    stack.web_port = free_port()
+    env = stack.env
+    env.update(LOG_LEVEL="WARNING", AGENTOPS_WORKSPACE_ROOT=workspaces,
+               AGENTOPS_ARTIFACT_ROOT=workspaces + "-artifacts", DATABASE_APPLICATION_NAME=APP_NAME)
     if layout == "make-run":
         env.pop("REDIS_URL", None)
         env.pop("CELERY_BROKER_URL", None)

@@ -119,7 +119,9 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     log_after = stack.model_log()[-1]["seq"] if stack.model_stats()["answered"] else 0
     sampler = Sampler(stack, database if database.startswith("postgres") else None)
     processes = stack.product_processes()
+    by_name = stack.processes_by_name()
     cpu_before = cpu_seconds(processes)
+    cpu_by_name = {name: cpu_seconds(procs) for name, procs in by_name.items()}
 
     def client() -> None:
         nonlocal watched
@@ -166,6 +168,7 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     sampler.stopping.set()
     sampler.join()
     cpu = cpu_seconds(processes) - cpu_before
+    cpu_split = {name: round(cpu_seconds(procs) - cpu_by_name[name], 1) for name, procs in by_name.items()}
     times = sorted(f - started for f, _ in finished)
     wall = times[-1] if times else float("nan")
     statuses = Counter(status for _, status in finished)
@@ -174,12 +177,20 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     entries = [e for e in stack.model_log(after=log_after) if f"bench {run}-" in e["last_user_message"]]
     per_call = Counter((e["last_user_message"].split("\n", 1)[0], e["position"]) for e in entries)
     duplicates = sum(c - 1 for c in per_call.values() if c > 1)
+    # The engine's time between two model calls of a session: the previous answer was ready at the
+    # model → the next request arrived there (the reply's transfer, recording, the inline tool).
+    by_call = {(e["last_user_message"].split("\n", 1)[0], e["position"]): e for e in entries}
+    gaps = [(by_call[(key, pos + 1)]["received_at"] - e["finished_at"]) * 1000
+            for (key, pos), e in by_call.items() if (key, pos + 1) in by_call]
+    first = sorted(e["received_at"] - started for (key, pos), e in by_call.items() if pos == 0)
     result: dict[str, Any] = {
         "layout": stack.layout, "n": n, "wall": wall, "ratio": wall / IDEAL, "p50": pct(times, 0.5),
         "p99": pct(times, 0.99), "created_in": created_in, "errors": +errors, "duplicates": duplicates,
         "model_calls": len(entries), "peak_connections": sampler.peak_connections,
         "peak_in_flight": sampler.peak_in_flight, "cpu_ms_per_step": cpu * 1000 / max(1, n * STEPS_PER_SESSION),
-        "cpu_share": cpu / max(wall, 1e-9) / (os.cpu_count() or 1)}
+        "cpu_share": cpu / max(wall, 1e-9) / (os.cpu_count() or 1), "cpu_split": cpu_split,
+        "gap_p50": pct(gaps, 0.5), "gap_p99": pct(gaps, 0.99), "first_call_p50": pct(first, 0.5),
+        "first_call_p99": pct(first, 0.99)}
     if watchers is not None:
         assert watchers.stdin is not None and watchers.stdout is not None
         watchers.stdin.close()
@@ -306,12 +317,14 @@ def main() -> None:
         finally:
             stack.stop()
         if layout == "multi":
-            model_server, model_url = _harness.start_model()
+            # The same scripted model process as the stacks': its threads must not share this
+            # process's interpreter (and GIL) with the floor's event loop.
+            model = _stack.start_model(Path(tempfile.mkdtemp(prefix="agentops-bench-floor-")))
             try:
                 for n in counts:
-                    results.append(asyncio.run(floor(model_url, n)))
+                    results.append(asyncio.run(floor(model.model_url, n)))
             finally:
-                model_server.shutdown()
+                model.stop()
     print_table(results)
 
 
@@ -340,6 +353,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
         if r["layout"] == "multi" and r["n"] in floors:
             print(f"multi N={r['n']}: {r['ratio']:.2f}× ideal = {r['wall'] / floors[r['n']]['wall']:.2f}× the asyncio "
                   f"floor ({floors[r['n']]['ratio']:.2f}× ideal)")
+        if "cpu_split" in r:
+            print(f"CPU s during {r['layout']} N={r['n']}: {r['cpu_split']}")
+            print(f"  engine time between a session's model calls p50 {r['gap_p50']:.0f} ms, p99 {r['gap_p99']:.0f} ms;"
+                  f" first call reached the model p50 {r['first_call_p50']:.2f} s, p99 {r['first_call_p99']:.2f} s "
+                  f"after the start (all sessions created in {r['created_in']:.2f} s)")
         if "push" in r:
             p = r["push"]
             print(f"push during {r['layout']} N={r['n']}: {p['clients']} WebSocket clients, {p['deliveries']} live "

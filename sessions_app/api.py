@@ -84,8 +84,7 @@ def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> Status[
         agent=agent, owner=request.user,  # type: ignore[arg-type]
         input=payload.input or "", title=payload.title or "", pinned=payload.pinned, budget=payload.budget,
         metadata=payload.metadata, idempotency_key=request.headers.get("Idempotency-Key", ""))
-    session = selectors.session_get(session.id)
-    return Status(201, {**session_out(session), "turn": turn})
+    return Status(201, {**session_out(session), "turn": turn})  # the rows as written: no read back
 
 
 @router.get("/sessions", response={200: SessionPageOut, **ERRORS})

@@ -57,6 +57,19 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
     return event
 
 
+def events_record_first(*, session: AgentSession, events: list[tuple[str, Mapping[str, Any],
+                                                                   uuid.UUID | None]]) -> None:
+    """Insert the first events of a session this transaction has just created, seqs 1..n, in one
+    statement. Only for a new session (no one else can write to it yet); its ``last_seq`` must
+    already be n. ``events`` are (type, payload, turn_id)."""
+    now = timezone.now()
+    rows = [Event(session_id=session.id, seq=seq, type=type_, payload=dict(payload), turn_id=turn_id, created_at=now)
+            for seq, (type_, payload, turn_id) in enumerate(events, start=1)]
+    Event.objects.bulk_create(rows)
+    for event in rows:
+        transaction.on_commit(partial(announce.announce_later, event.as_dict()), robust=True)
+
+
 def _insert_portable(session_id: uuid.UUID | str, type: str, payload: dict[str, Any],
                      turn_id: uuid.UUID | str | None, step_id: uuid.UUID | str | None, now: datetime) -> Event:
     with connection.cursor() as cursor:

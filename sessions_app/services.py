@@ -21,7 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agentops.domain import Conflict, InvalidArguments, NotFound, joins_transaction
-from sessions_app.events import event_record
+from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
 
@@ -135,11 +135,9 @@ def _string_list(value: Any, name: str) -> list[str]:
 BUDGET_FIELDS = ("max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds")
 
 
-@transaction.atomic
-def session_create(*, agent: AgentProfile, owner: User, title: str = "",
-                   pinned: Mapping[str, Any] | None = None, budget: Mapping[str, Any] | None = None,
-                   metadata: Mapping[str, Any] | None = None) -> AgentSession:
-    """Create a session from an agent profile; budgets default to the profile's."""
+def _session_row(*, agent: AgentProfile, owner: User, title: str, pinned: Mapping[str, Any] | None,
+                 budget: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None) -> AgentSession:
+    """A validated, unsaved session; budgets default to the profile's."""
     if not agent.enabled:
         raise InvalidArguments(f"Agent {agent.slug} is disabled", details={"field": "agent"})
     pinned = dict(pinned or {})
@@ -153,16 +151,50 @@ def session_create(*, agent: AgentProfile, owner: User, title: str = "",
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
         budgets[name] = value
-    session = AgentSession.objects.create(
+    return AgentSession(
         agent=agent, owner=owner, title=title[:200],
         requirements=_string_list(pinned.get("requirements"), "requirements"),
         prohibitions=_string_list(pinned.get("prohibitions"), "prohibitions"),
         acceptance_criteria=_string_list(pinned.get("acceptance_criteria"), "acceptance_criteria"),
         metadata=dict(metadata or {}), **budgets,
     )
+
+
+@transaction.atomic
+def session_create(*, agent: AgentProfile, owner: User, title: str = "",
+                   pinned: Mapping[str, Any] | None = None, budget: Mapping[str, Any] | None = None,
+                   metadata: Mapping[str, Any] | None = None) -> AgentSession:
+    """Create an idle session from an agent profile."""
+    session = _session_row(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget, metadata=metadata)
+    session.save(force_insert=True)
     event_record(session_id=session.id, type="session.created",
                  payload={"agent": agent.slug, "title": session.title, "owner": owner.get_username()})
     return session
+
+
+@transaction.atomic
+def session_create_with_turn(*, agent: AgentProfile, owner: User, input: str, title: str = "",
+                             pinned: Mapping[str, Any] | None = None, budget: Mapping[str, Any] | None = None,
+                             metadata: Mapping[str, Any] | None = None,
+                             idempotency_key: str = "") -> tuple[AgentSession, Turn]:
+    """Create a session with its first turn queued: what ``session_create`` then ``turn_create``
+    would write (the session moved idle → in_progress, the events session.created,
+    session.status_changed and turn.queued), in three statements: nobody else can see the session
+    before it commits, so there is nothing to lock. The caller starts the engine."""
+    if not input or not input.strip():
+        raise InvalidArguments("input must not be empty", details={"field": "input"})
+    session = _session_row(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget, metadata=metadata)
+    session.ensure_can_move_to(AgentSession.Status.IN_PROGRESS)  # the guarded move of a new (idle) session
+    session.status = SESSION_STATUS_OF_TURN[Turn.Status.QUEUED]
+    session.last_seq, session.last_event_at = 3, timezone.now()
+    session.save(force_insert=True)
+    turn = Turn(session=session, index=1, input=input, created_by=owner, idempotency_key=idempotency_key)
+    turn.save(force_insert=True)
+    events_record_first(session=session, events=[
+        ("session.created", {"agent": agent.slug, "title": session.title, "owner": owner.get_username()}, None),
+        ("session.status_changed", {"status": session.status}, None),
+        ("turn.queued", {"index": turn.index, "input": input}, turn.id)])
+    return session, turn
 
 
 @transaction.atomic

@@ -13,12 +13,11 @@ from sessions_app.engine.turns import turn_cancel
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import session_create, step_transition, turn_create
+from sessions_app.services import session_create, session_create_with_turn, step_transition, turn_create
 
 MAX_TOOL_OUTPUT_CHARS = 1_000_000
 
 
-@transaction.atomic
 def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: str = "",
                   pinned: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
                   metadata: dict[str, Any] | None = None,
@@ -26,11 +25,12 @@ def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: s
     """Create a session and, with input, its first turn; the engine starts after commit."""
     if not title and input:
         title = input.strip().splitlines()[0][:80]
-    session = session_create(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget, metadata=metadata)
-    turn = None
-    if input and input.strip():
-        turn = turn_create(session_id=session.id, input=input, actor=owner, idempotency_key=idempotency_key)
-        dispatch.tick_enqueue(turn.id)
+    if not (input and input.strip()):
+        return session_create(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget,
+                              metadata=metadata), None
+    session, turn = session_create_with_turn(agent=agent, owner=owner, input=input, title=title, pinned=pinned,
+                                             budget=budget, metadata=metadata, idempotency_key=idempotency_key)
+    dispatch.turn_start_enqueue(turn.id)
     return session, turn
 
 
@@ -39,7 +39,7 @@ def turn_submit(*, session_id: uuid.UUID | str, input: str, actor: User | None =
                 idempotency_key: str = "") -> Turn:
     """Queue the next input of a session (409 ``turn_active`` while a turn runs)."""
     turn = turn_create(session_id=session_id, input=input, actor=actor, idempotency_key=idempotency_key)
-    dispatch.tick_enqueue(turn.id)
+    dispatch.turn_start_enqueue(turn.id)
     return turn
 
 

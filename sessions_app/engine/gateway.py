@@ -238,8 +238,10 @@ class Gateway:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            step_id = fields.get(b"step_id", b"").decode()
-            await self.step_handle(step_id, on_ticked=ack)
+            if b"turn_id" in fields:  # a new turn
+                await self.turn_drive(fields[b"turn_id"].decode(), on_ticked=ack)
+            else:
+                await self.step_handle(fields.get(b"step_id", b"").decode(), on_ticked=ack)
         except Exception:
             # Not acknowledged when it failed before its tick committed: another read claims it
             # again; after that, the step's lease and the sweeper take over.

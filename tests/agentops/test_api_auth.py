@@ -4,6 +4,7 @@ shape, malformed and oversized bodies, and ``Idempotency-Key`` on every POST."""
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -322,3 +323,16 @@ def test_idempotency_key_is_honoured_on_every_post(world: World, name: str) -> N
     reused = client.post(path, other_body, content_type="application/json", headers=headers)
     assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
     assert _snapshot() == after_first
+
+
+def test_api_auth_token_last_used_is_written_at_most_once_a_minute(operator: User) -> None:
+    client = _bearer(operator)
+    assert client.get("/api/agents").status_code == 200
+    token = ApiToken.objects.get(user=operator)
+    first = token.last_used_at
+    assert first is not None
+    assert client.get("/api/agents").status_code == 200
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first  # no write a moment later
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(minutes=2))
+    assert client.get("/api/agents").status_code == 200
+    assert ApiToken.objects.get(pk=token.pk).last_used_at > first - timedelta(seconds=1)
