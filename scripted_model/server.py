@@ -38,6 +38,9 @@ class ScriptedModelServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # The stdlib's listen backlog is 5: a thousand sessions calling at once overflow it, dropped
+    # connection attempts wait out TCP's SYN retries, and clients time out connecting.
+    request_queue_size = 4096
 
     def __init__(
         self,

@@ -29,6 +29,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 PASSWORD = "pw"
+STACK_APP_NAME = "agentops-e2e"  # the stack's processes, in pg_stat_activity
+STACK_POOL_SIZE = 8  # connections per process of the stack
 
 
 @dataclass
@@ -84,6 +86,7 @@ def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
         "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
         "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
         "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+        "DATABASE_APPLICATION_NAME": STACK_APP_NAME, "AGENTOPS_DB_POOL_SIZE": str(STACK_POOL_SIZE),
     })
     logs = tmp_path / "logs"
     logs.mkdir()
