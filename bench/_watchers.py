@@ -2,7 +2,8 @@
 
 ``python bench/_watchers.py <base_url> <username> <password> <per_session> <seconds>`` reads session
 ids from stdin (one per line, as the benchmark creates them) and opens ``per_session`` WebSockets
-to each, as the dashboard does: ``hello`` with the last seq it has, then live events, asking for
+to each, until stdin closes (then it drains for 3 s) or ``seconds`` have passed, as the
+dashboard does: ``hello`` with the last seq it has, then live events, asking for
 any gap (``resend``) like ``live.js``. At the end it prints one JSON line: push latency (event
 created → received, for live events only), deliveries, what the channel layer dropped (gaps that
 had to be re-read) and what was still missing after replay.
@@ -17,6 +18,18 @@ from typing import Any
 
 import aiohttp
 
+DRAIN_SECONDS = 3.0
+
+
+class Deadline:
+    """When every watcher stops: at most ``seconds`` from the start, sooner once stdin closes."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.time() + seconds
+
+    def left(self) -> float:
+        return self.at - time.time()
+
 
 class Watcher:
     def __init__(self, session_id: str) -> None:
@@ -27,17 +40,18 @@ class Watcher:
         self.gaps = 0
         self.error = ""
 
-    async def run(self, http: aiohttp.ClientSession, base: str, until: float) -> None:
+    async def run(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
         ws_url = base.replace("http://", "ws://") + f"/ws/sessions/{self.session_id}/"
         try:
-            async with http.ws_connect(ws_url, origin=base, heartbeat=30) as ws:
+            async with http.ws_connect(ws_url, origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=2)) as ws:
                 await ws.send_json({"type": "hello", "last_seq": 0})
                 live_after = time.time()
-                while time.time() < until:
+                while deadline.left() > 0:
                     try:
-                        message = await ws.receive(timeout=max(0.1, until - time.time()))
+                        # Short waits: the deadline moves sooner when stdin closes.
+                        message = await ws.receive(timeout=min(0.5, max(0.05, deadline.left())))
                     except TimeoutError:
-                        break
+                        continue
                     if message.type != aiohttp.WSMsgType.TEXT:
                         break
                     received = time.time()
@@ -61,7 +75,7 @@ class Watcher:
 async def main() -> None:
     base, username, password, per_session, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
         float(sys.argv[5])
-    until = time.time() + seconds
+    deadline = Deadline(seconds)
     jar = aiohttp.CookieJar(unsafe=True)
     watchers: list[Watcher] = []
     tasks: list[asyncio.Task[None]] = []
@@ -77,18 +91,19 @@ async def main() -> None:
         print("ready", flush=True)
         reader = asyncio.StreamReader()
         await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        while time.time() < until:
+        while deadline.left() > 0:
             try:
-                line = await asyncio.wait_for(reader.readline(), timeout=max(0.1, until - time.time()))
+                line = await asyncio.wait_for(reader.readline(), timeout=max(0.1, deadline.left()))
             except TimeoutError:
                 break
-            if not line:
+            if not line:  # the benchmark is done: drain, then stop
+                deadline.at = min(deadline.at, time.time() + DRAIN_SECONDS)
                 break
             session_id = line.decode().strip()
             for _ in range(per_session):
                 watcher = Watcher(session_id)
                 watchers.append(watcher)
-                tasks.append(asyncio.create_task(watcher.run(http, base, until)))
+                tasks.append(asyncio.create_task(watcher.run(http, base, deadline)))
         await asyncio.gather(*tasks)
     report: dict[str, Any] = {
         "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],

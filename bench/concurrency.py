@@ -297,6 +297,15 @@ def main() -> None:
     print(f"  session   {CALLS} model calls × {SLEEP_MS} ms (scripted sleep), list_files between; ideal {IDEAL:.0f} s")
     print(f"  clients   {CLIENTS} concurrent API clients create the sessions (POST /api/sessions)")
     print(f"  machine   {os.cpu_count()} CPUs; PostgreSQL {config['database']}; Redis {config['redis']}")
+    # The floor first, on a quiet machine (the stacks' processes take a while to stop).
+    if "multi" in args.layout:
+        model = _stack.start_model(Path(tempfile.mkdtemp(prefix="agentops-bench-floor-")))
+        try:
+            for n in args.sessions:
+                results.append(asyncio.run(floor(model.model_url, n)))
+                print(f"  done floor N={n}: {results[-1]['ratio']:.2f}× ideal", flush=True)
+        finally:
+            model.stop()
     for layout in args.layout:
         if layout == "multi":
             database, redis_url, counts = config["database"], config["redis"], args.sessions
@@ -316,15 +325,6 @@ def main() -> None:
                       flush=True)
         finally:
             stack.stop()
-        if layout == "multi":
-            # The same scripted model process as the stacks': its threads must not share this
-            # process's interpreter (and GIL) with the floor's event loop.
-            model = _stack.start_model(Path(tempfile.mkdtemp(prefix="agentops-bench-floor-")))
-            try:
-                for n in counts:
-                    results.append(asyncio.run(floor(model.model_url, n)))
-            finally:
-                model.stop()
     print_table(results)
 
 
