@@ -1,8 +1,26 @@
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
+from channels.db import database_sync_to_async
 from django.contrib.auth.models import Group, User
-from django.db import connection
+from django.db import connection, connections
 
 from tests import factories
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    """Factories set a password on every user: hash it cheaply."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+async def close_thread_connections() -> AsyncIterator[None]:
+    """For consumer tests (``usefixtures``): close the ORM's connection in asgiref's thread, whose
+    kept-alive connection would otherwise block dropping the test database."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 @pytest.fixture(autouse=True)

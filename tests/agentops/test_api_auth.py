@@ -19,22 +19,13 @@ from approvals_app.models import ApprovalRequest
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import step_transition
 from tests import factories
+from tests.helpers import api_client
 from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db
 
 UNAUTHORIZED = {"code": "unauthorized", "message": "Authentication required: a Bearer token or a logged-in session.",
                 "details": {}}
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # factories set a password
-
-
-def _bearer(user: User, **client_kwargs: Any) -> Client:
-    return Client(headers={"Authorization": f"Bearer {api_token_create(username=user.username)[1]}"},
-                  **client_kwargs)
 
 
 @dataclass
@@ -90,7 +81,7 @@ POSTS = ["session_start", "turn_submit", "session_cancel", "tool_output", "appro
 # --- authentication ----------------------------------------------------------------------------------------------
 
 def test_api_auth_bearer_token_authenticates_the_caller(operator: User, agent: AgentProfile) -> None:
-    client = _bearer(operator)
+    client = api_client(operator)
     response = client.post("/api/sessions", {"agent": agent.slug}, content_type="application/json")
     assert response.status_code == 201, response.content
     assert response.json()["owner"] == "op"
@@ -126,7 +117,7 @@ def test_api_auth_revoked_token_and_inactive_user_are_401(operator: User) -> Non
     ApiToken.objects.filter(pk=row.pk).update(revoked_at=timezone.now())
     assert client.get("/api/sessions").status_code == 401
 
-    client = _bearer(operator)
+    client = api_client(operator)
     User.objects.filter(pk=operator.pk).update(is_active=False)
     assert client.get("/api/sessions").status_code == 401
 
@@ -157,7 +148,7 @@ def test_api_auth_session_post_needs_the_csrf_token(operator: User, agent: Agent
 
 
 def test_api_auth_bearer_post_needs_no_csrf_token(operator: User, agent: AgentProfile) -> None:
-    client = _bearer(operator, enforce_csrf_checks=True)
+    client = api_client(operator, enforce_csrf_checks=True)
     response = client.post("/api/sessions", {"agent": agent.slug}, content_type="application/json")
     assert response.status_code == 201
     assert AgentSession.objects.count() == 1
@@ -170,7 +161,7 @@ def test_api_auth_bearer_post_needs_no_csrf_token(operator: User, agent: AgentPr
                          + [(["operators"], "approval_decide")])
 def test_api_auth_post_without_permission_is_403_and_changes_nothing(world: World, name: str,
                                                                      groups: list[str]) -> None:
-    client = _bearer(factories.user("nobody", groups=groups))
+    client = api_client(factories.user("nobody", groups=groups))
     path, body = world.post_requests()[name]
     before = _snapshot()
     response = client.post(path, body, content_type="application/json")
@@ -181,7 +172,7 @@ def test_api_auth_post_without_permission_is_403_and_changes_nothing(world: Worl
 
 def test_idempotency_key_survives_a_permission_refusal(world: World) -> None:
     newcomer = factories.user("newcomer")
-    client = _bearer(newcomer)
+    client = api_client(newcomer)
     body = {"agent": world.agent.slug, "input": "hi"}
     headers = {"Idempotency-Key": "after-onboarding"}
     assert client.post("/api/sessions", body, content_type="application/json", headers=headers).status_code == 403
@@ -193,7 +184,7 @@ def test_idempotency_key_survives_a_permission_refusal(world: World) -> None:
 
 
 def test_api_auth_get_without_permission_is_403(world: World) -> None:
-    client = _bearer(factories.user("nobody"))
+    client = api_client(factories.user("nobody"))
     turn = Turn.objects.get(session=world.busy)
     for path in ("/api/sessions", f"/api/sessions/{world.busy.id}", f"/api/sessions/{world.busy.id}/turns",
                  f"/api/turns/{turn.id}", f"/api/sessions/{world.busy.id}/events",
@@ -211,7 +202,7 @@ def test_api_auth_get_without_permission_is_403(world: World) -> None:
 def test_api_malformed_json_is_400_and_changes_nothing(world: World, name: str, raw: bytes) -> None:
     path, _ = world.post_requests()[name]
     before = _snapshot()
-    response = _bearer(world.caller(name)).post(path, raw, content_type="application/json")
+    response = api_client(world.caller(name)).post(path, raw, content_type="application/json")
     assert response.status_code == 400, response.content
     body = response.json()
     assert body["code"] == "malformed_json" and body["message"] == "The request body is not valid JSON."
@@ -223,7 +214,7 @@ def test_api_wrong_types_are_422_with_the_failing_field(world: World, name: str)
     path, body = world.post_requests()[name]
     first_field = next(iter(body))
     before = _snapshot()
-    response = _bearer(world.caller(name)).post(path, {**body, first_field: ["wrong", "type"]},
+    response = api_client(world.caller(name)).post(path, {**body, first_field: ["wrong", "type"]},
                                                   content_type="application/json")
     assert response.status_code == 422, response.content
     error = response.json()
@@ -233,7 +224,7 @@ def test_api_wrong_types_are_422_with_the_failing_field(world: World, name: str)
 
 
 def test_api_oversized_body_is_413_and_creates_nothing(operator: User, agent: AgentProfile, settings: Any) -> None:
-    client = _bearer(operator)
+    client = api_client(operator)
     limit = settings.AGENTOPS_MAX_REQUEST_BYTES
     assert limit == 1_000_000
     body = json.dumps({"agent": agent.slug, "input": "x" * limit})
@@ -256,7 +247,7 @@ def test_api_oversized_body_is_413_and_creates_nothing(operator: User, agent: Ag
 
 def test_idempotency_same_key_and_body_replays_session_start_without_a_second_effect(operator: User,
                                                                                      agent: AgentProfile) -> None:
-    client = _bearer(operator)
+    client = api_client(operator)
     body = {"agent": agent.slug, "input": "deploy once"}
     first = client.post("/api/sessions", body, content_type="application/json", headers={"Idempotency-Key": "k-1"})
     events = Event.objects.count()
@@ -273,7 +264,7 @@ def test_idempotency_same_key_and_body_replays_session_start_without_a_second_ef
 
 
 def test_idempotency_same_key_other_body_is_422(operator: User, agent: AgentProfile) -> None:
-    client = _bearer(operator)
+    client = api_client(operator)
     headers = {"Idempotency-Key": "k-1"}
     assert client.post("/api/sessions", {"agent": agent.slug, "input": "a"}, content_type="application/json",
                        headers=headers).status_code == 201
@@ -288,14 +279,14 @@ def test_idempotency_key_is_scoped_to_the_caller(operator: User, agent: AgentPro
     other = factories.user("op2", groups=["operators"])
     body = {"agent": agent.slug, "input": "same"}
     for user in (operator, other):
-        response = _bearer(user).post("/api/sessions", body, content_type="application/json",
+        response = api_client(user).post("/api/sessions", body, content_type="application/json",
                                       headers={"Idempotency-Key": "shared"})
         assert response.status_code == 201 and response.json()["owner"] == user.username
     assert AgentSession.objects.count() == 2
 
 
 def test_idempotency_without_a_key_each_post_acts(operator: User, agent: AgentProfile) -> None:
-    client = _bearer(operator)
+    client = api_client(operator)
     for _ in range(2):
         assert client.post("/api/sessions", {"agent": agent.slug}, content_type="application/json").status_code == 201
     assert AgentSession.objects.count() == 2 and IdempotencyRecord.objects.count() == 0
@@ -308,7 +299,7 @@ def test_idempotency_without_a_key_each_post_acts(operator: User, agent: AgentPr
 @pytest.mark.parametrize("name", POSTS)
 def test_idempotency_key_is_honoured_on_every_post(world: World, name: str) -> None:
     path, body = world.post_requests()[name]
-    client = _bearer(world.caller(name))
+    client = api_client(world.caller(name))
     headers = {"Idempotency-Key": f"key-{name}"}
     first = client.post(path, body, content_type="application/json", headers=headers)
     assert first.status_code in (200, 201), first.content

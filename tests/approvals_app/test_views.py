@@ -12,6 +12,7 @@ from sessions_app import services
 from sessions_app.fragments import render_event_fragment
 from sessions_app.models import AgentProfile, Event, Step
 from tests import factories
+from tests.helpers import login
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -23,12 +24,6 @@ XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 @pytest.fixture(autouse=True)
 def _tools(db: None) -> None:
     tool_definitions_seed()
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def make_approval(owner: User, agent: AgentProfile, *, tool: str = "run_command",

@@ -39,6 +39,12 @@ def _database_url() -> str:
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords() -> None:
+    """Overrides the suite's cheap password hasher: daphne, in its own process, checks the login
+    form's password with the default hashers."""
+
+
 @dataclass
 class Stack:
     env: dict[str, str]

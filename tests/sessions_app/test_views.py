@@ -12,16 +12,11 @@ from sessions_app import services
 from sessions_app.fragments import render_event_fragment
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
+from tests.helpers import login
 
 pytestmark = pytest.mark.django_db
 
 XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def add_turn_with_steps(session: AgentSession, *, steps: int, text: str = "ok") -> Turn:
