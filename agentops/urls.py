@@ -5,7 +5,12 @@ from django.urls import path
 from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
+from approvals_app.api import router as approvals_router
 from sessions_app import views as session_views
+from sessions_app.api import router as sessions_router
+
+api.add_router("", sessions_router)
+api.add_router("", approvals_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -14,11 +14,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentops.permissions import VIEW_APPROVALS, has_perm
 from sessions_app.announce import APPROVALS_GROUP
 from sessions_app.fragments import render_event_fragments
 from sessions_app.models import Event
 
-VIEW_PERMISSION = "approvals_app.view_approvalrequest"
 # An event is stamped inside its transaction, before it commits: look back a little further.
 COMMIT_SKEW = timedelta(seconds=30)
 BACKLOG_LIMIT = 1000
@@ -33,7 +33,7 @@ def load_approval_events(since: datetime) -> list[dict[str, Any]]:
 
 
 def _may_view(user: Any) -> bool:
-    return bool(user.has_perm(VIEW_PERMISSION))
+    return has_perm(user, VIEW_APPROVALS)
 
 
 class ApprovalsConsumer(AsyncJsonWebsocketConsumer):

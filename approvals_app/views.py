@@ -12,33 +12,32 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from agentops.domain import DomainError, InvalidArguments, PermissionDenied
-from agentops.permissions import DECIDE_APPROVALS as DECIDE_PERMISSION
+from agentops.domain import DomainError, InvalidArguments
+from agentops.http import AuthedRequest, HtmxHttpRequest
+from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, require_perm
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
 from sessions_app import dashboard
-from sessions_app.views import HtmxHttpRequest
 
-VIEW_PERMISSION = "approvals_app.view_approvalrequest"
 RISKS = ("low", "medium", "high")
 LONG_TEXT_FIELDS = ("command", "content", "body", "text")
 
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def approval_queue_view(request: HttpRequest) -> HttpResponse:
+@permission_required(VIEW_APPROVALS, raise_exception=True)
+def approval_queue_view(request: AuthedRequest) -> HttpResponse:
     f = {name: request.GET.get(name, "").strip() for name in ("tool", "agent", "risk")}
     f["order"] = "newest" if request.GET.get("order") == "newest" else "oldest"
     approvals = dashboard.approval_queue(order=f["order"], tool=f["tool"], agent=f["agent"], risk=f["risk"])
     context = {"nav": "approvals", "f": f, "approvals": approvals, "tools": dashboard.queue_tools(),
                "agents": dashboard.agents_for_filter(), "risks": RISKS, "now": timezone.now(),
-               "can_decide": request.user.has_perm(DECIDE_PERMISSION),
+               "can_decide": has_perm(request.user, DECIDE_APPROVALS),
                "qs_without_order": urlencode({k: v for k, v in f.items() if v and k != "order"})}
     return render(request, "dashboard/approval_queue.html", context)
 
@@ -123,14 +122,14 @@ def _run_command_limits(approval: ApprovalRequest, tool_timeout: int | None) -> 
     return [(k, v) for k, v in policy.to_dict().items() if k != "network"]
 
 
-def _detail(request: HttpRequest, approval: ApprovalRequest, *, error: str = "", error_details: list[str] | None = None,
-            edit_open: bool = False, status: int = 200) -> HttpResponse:
+def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "",
+            error_details: list[str] | None = None, edit_open: bool = False, status: int = 200) -> HttpResponse:
     tool = dashboard.tool_definition(approval.tool_name)
     schema = tool.parameters_schema if tool else {"type": "object"}
     context = {
         "nav": "approvals", "approval": approval, "now": timezone.now(), "error": error,
         "error_details": error_details or [], "edit_open": edit_open,
-        "can_decide": request.user.has_perm(DECIDE_PERMISSION),
+        "can_decide": has_perm(request.user, DECIDE_APPROVALS),
         "edit_fields": edit_fields(schema, approval.arguments),
         "limits": _run_command_limits(approval, tool.timeout_seconds if tool else None)
         if approval.tool_name == "run_command" else [],
@@ -148,8 +147,8 @@ def _approval_or_404(request_id: UUID) -> ApprovalRequest:
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def approval_detail_view(request: HttpRequest, request_id: UUID) -> HttpResponse:
+@permission_required(VIEW_APPROVALS, raise_exception=True)
+def approval_detail_view(request: AuthedRequest, request_id: UUID) -> HttpResponse:
     return _detail(request, _approval_or_404(request_id))
 
 
@@ -161,8 +160,7 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
     seen_hash = request.POST.get("arguments_sha256", "")
     editing = request.POST.get("edit") == "1"
     try:
-        if not request.user.has_perm(DECIDE_PERMISSION):
-            raise PermissionDenied("You need the reviewer role to decide approval requests.")
+        require_perm(request.user, DECIDE_APPROVALS)
         if not seen_hash:
             raise InvalidArguments("The form did not say which arguments you saw; reload the page.")
         arguments = None
@@ -170,7 +168,7 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
             tool = dashboard.tool_definition(approval.tool_name)
             fields = edit_fields(tool.parameters_schema if tool else {"type": "object"}, approval.arguments)
             arguments = parse_edit_fields(fields, request.POST)
-        decided = approval_decide(request_id=request_id, actor=request.user,  # type: ignore[arg-type]
+        decided = approval_decide(request_id=request_id, actor=request.user,
                                   decision=request.POST.get("decision", ""), reason=request.POST.get("reason", ""),
                                   seen_hash=seen_hash, arguments=arguments,
                                   remember=request.POST.get("remember") == "1")

@@ -1,28 +1,29 @@
 """Sessions, turns, events, artifacts, agents and tools: the integration API."""
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.http import FileResponse, HttpRequest, StreamingHttpResponse
+from django.http import FileResponse, StreamingHttpResponse
 from ninja import Query, Router
 from ninja.responses import Status
 
-from agentops.domain import InvalidArguments, NotFound, PermissionDenied
+from agentops.api import ERRORS
+from agentops.domain import InvalidArguments, NotFound
+from agentops.http import AuthedRequest
+from agentops.pagination import get_paginated_response
+from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, require_perm
 from sessions_app import announce, selectors
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
     AgentOut,
     ArtifactOut,
-    ErrorOut,
     EventOut,
     EventPageOut,
     SessionCreatedOut,
@@ -36,18 +37,10 @@ from sessions_app.schemas import (
     TurnDetailOut,
     TurnOut,
 )
+from tools_app.selectors import tool_definitions_enabled
 
 router = Router(tags=["sessions"])
-ERRORS: dict[int, type[ErrorOut]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut,
-                                     413: ErrorOut, 422: ErrorOut}
-OPERATE = "sessions_app.operate_agentsession"
-VIEW = "sessions_app.view_agentsession"
 HEARTBEAT_SECONDS = 15.0
-
-
-def _require(request: HttpRequest, perm: str) -> None:
-    if not request.user.has_perm(perm):
-        raise PermissionDenied(f"You need the permission {perm}.")
 
 
 def session_out(s: AgentSession) -> dict[str, Any]:
@@ -63,25 +56,12 @@ def session_out(s: AgentSession) -> dict[str, Any]:
     }
 
 
-def _encode_cursor(created_at: datetime, pk: UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{pk}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        created, pk = raw.split("|", 1)
-        return datetime.fromisoformat(created), UUID(pk)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArguments("Invalid cursor", details={"field": "cursor"}) from exc
-
-
 @router.post("/sessions", response={201: SessionCreatedOut, **ERRORS})
-def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
-    _require(request, OPERATE)
+def session_start_api(request: AuthedRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
+    require_perm(request.user, OPERATE_SESSIONS)
     agent = selectors.agent_get(payload.agent)
     session, turn = engine.session_start(
-        agent=agent, owner=request.user,  # type: ignore[arg-type]
+        agent=agent, owner=request.user,
         input=payload.input or "", title=payload.title or "", pinned=payload.pinned, budget=payload.budget,
         metadata=payload.metadata, idempotency_key=request.headers.get("Idempotency-Key", ""))
     session = selectors.session_get(session.id)
@@ -89,58 +69,48 @@ def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> Status[
 
 
 @router.get("/sessions", response={200: SessionPageOut, **ERRORS})
-def sessions_list_api(request: HttpRequest, status: str | None = None, agent: str | None = None,
+def sessions_list_api(request: AuthedRequest, status: str | None = None, agent: str | None = None,
                       q: str | None = None, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-    _require(request, VIEW)
+    require_perm(request.user, VIEW_SESSIONS)
     if status and status not in AgentSession.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": AgentSession.Status.values})
-    limit = max(1, min(limit, 200))
-    qs = selectors.sessions_list(status=status, agent=agent, q=q)
-    if cursor:
-        created, pk = _decode_cursor(cursor)
-        from django.db.models import Q
-
-        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk))
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"items": [session_out(s) for s in rows],
-            "next_cursor": _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None}
+    return get_paginated_response(queryset=selectors.sessions_list(status=status, agent=agent, q=q),
+                                  cursor=cursor, limit=limit, serialize=session_out)
 
 
 @router.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS})
-def session_get_api(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    _require(request, VIEW)
+def session_get_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     return session_out(selectors.session_get(session_id))
 
 
 @router.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS})
-def session_cancel_api(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    _require(request, OPERATE)
+def session_cancel_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
+    require_perm(request.user, OPERATE_SESSIONS)
     selectors.session_get(session_id)
-    engine.session_cancel(session_id=session_id, actor=request.user)  # type: ignore[arg-type]
+    engine.session_cancel(session_id=session_id, actor=request.user)
     return session_out(selectors.session_get(session_id))
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})
-def turn_submit_api(request: HttpRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
-    _require(request, OPERATE)
+def turn_submit_api(request: AuthedRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
+    require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_get(session_id)
-    turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,  # type: ignore[arg-type]
+    turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,
                               idempotency_key=request.headers.get("Idempotency-Key", ""))
     return Status(201, turn)
 
 
 @router.get("/sessions/{session_id}/turns", response={200: list[TurnOut], **ERRORS})
-def turns_list_api(request: HttpRequest, session_id: str) -> list[Turn]:
-    _require(request, VIEW)
+def turns_list_api(request: AuthedRequest, session_id: str) -> list[Turn]:
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     return list(Turn.objects.filter(session=session).order_by("index"))
 
 
 @router.get("/turns/{turn_id}", response={200: TurnDetailOut, **ERRORS})
-def turn_get_api(request: HttpRequest, turn_id: str) -> dict[str, Any]:
-    _require(request, VIEW)
+def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     turn = selectors.turn_get(turn_id)
     data = TurnOut.from_orm(turn).dict()
     data["steps"] = [StepOut.from_orm(s).dict() for s in selectors.turn_steps(turn.id)]
@@ -148,8 +118,8 @@ def turn_get_api(request: HttpRequest, turn_id: str) -> dict[str, Any]:
 
 
 @router.get("/sessions/{session_id}/events", response={200: EventPageOut, **ERRORS})
-def events_list_api(request: HttpRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
-    _require(request, VIEW)
+def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     limit = max(1, min(limit, 1000))
     items = selectors.events_after(session_id=session.id, after=max(0, after), limit=limit)
@@ -201,10 +171,10 @@ async def _event_stream(session_id: UUID, after: int, max_seconds: float | None)
 
 
 @router.get("/sessions/{session_id}/events/stream", response={200: None, **ERRORS})
-def events_stream_api(request: HttpRequest, session_id: str, after: int | None = None,
+def events_stream_api(request: AuthedRequest, session_id: str, after: int | None = None,
                       max_seconds: float | None = Query(None, description="Close after this long (tests).")
                       ) -> StreamingHttpResponse:
-    _require(request, VIEW)
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     last_event_id = request.headers.get("Last-Event-ID")
     start = after if after is not None else int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
@@ -215,23 +185,23 @@ def events_stream_api(request: HttpRequest, session_id: str, after: int | None =
 
 
 @router.post("/sessions/{session_id}/tool-outputs", response={200: StepOut, **ERRORS})
-def tool_output_submit_api(request: HttpRequest, session_id: str, payload: ToolOutputIn) -> Any:
-    _require(request, OPERATE)
+def tool_output_submit_api(request: AuthedRequest, session_id: str, payload: ToolOutputIn) -> Any:
+    require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_get(session_id)
     return engine.tool_output_submit(session_id=session.id, call_id=payload.call_id, output=payload.output,
                                      success=payload.success)
 
 
 @router.get("/sessions/{session_id}/artifacts", response={200: list[ArtifactOut], **ERRORS})
-def artifacts_list_api(request: HttpRequest, session_id: str) -> Any:
-    _require(request, VIEW)
+def artifacts_list_api(request: AuthedRequest, session_id: str) -> Any:
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     return list(session.artifacts.order_by("created_at"))
 
 
 @router.get("/artifacts/{artifact_id}/content", response={200: None, **ERRORS})
-def artifact_content_api(request: HttpRequest, artifact_id: str) -> FileResponse:
-    _require(request, VIEW)
+def artifact_content_api(request: AuthedRequest, artifact_id: str) -> FileResponse:
+    require_perm(request.user, VIEW_SESSIONS)
     artifact = selectors.artifact_get(artifact_id)
     path = Path(artifact.storage_path)
     if not path.is_file():
@@ -241,8 +211,8 @@ def artifact_content_api(request: HttpRequest, artifact_id: str) -> FileResponse
 
 
 @router.get("/agents", response={200: list[AgentOut], **ERRORS})
-def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
-    _require(request, VIEW)
+def agents_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
+    require_perm(request.user, VIEW_SESSIONS)
     return [{"slug": a.slug, "name": a.name, "model": a.model, "tools": [t.name for t in a.tools.all()],
              "budget": {"max_tool_calls": a.max_tool_calls, "max_model_calls": a.max_model_calls,
                         "max_tokens": a.max_tokens, "max_wall_seconds": a.max_wall_seconds}}
@@ -250,10 +220,8 @@ def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
 
 
 @router.get("/tools", response={200: list[ToolOut], **ERRORS})
-def tools_list_api(request: HttpRequest) -> Any:
-    from tools_app.selectors import tool_definitions_enabled
-
-    _require(request, "tools_app.view_tooldefinition")
+def tools_list_api(request: AuthedRequest) -> Any:
+    require_perm(request.user, VIEW_TOOLS)
     return list(tool_definitions_enabled())
 
 

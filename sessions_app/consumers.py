@@ -12,11 +12,11 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from agentops.permissions import VIEW_SESSIONS, has_perm
 from sessions_app.announce import session_group
 from sessions_app.fragments import render_event_fragments
 from sessions_app.models import AgentSession, Event
 
-VIEW_PERMISSION = "sessions_app.view_agentsession"
 BACKLOG_BATCH = 200
 MAX_RESEND = 5000
 CLOSE_UNAUTHENTICATED = 4401
@@ -34,7 +34,7 @@ def load_events(session_id: Any, after: int, until: int | None, limit: int) -> l
 
 
 def _may_view(user: Any, session_id: Any) -> bool:
-    return bool(user.has_perm(VIEW_PERMISSION)) and AgentSession.objects.filter(pk=session_id).exists()
+    return has_perm(user, VIEW_SESSIONS) and AgentSession.objects.filter(pk=session_id).exists()
 
 
 class SessionConsumer(AsyncJsonWebsocketConsumer):

@@ -12,25 +12,18 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.http import FileResponse, Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.middleware import HtmxDetails
 
 from agentops import health
 from agentops.domain import DomainError
+from agentops.http import AuthedRequest, HtmxHttpRequest
+from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
 from sessions_app import dashboard
 from sessions_app.engine.commands import session_cancel, session_start, turn_submit
 from sessions_app.forms import SessionStartForm
 from sessions_app.models import AgentSession, Artifact
-
-VIEW_PERMISSION = "sessions_app.view_agentsession"
-OPERATE_PERMISSION = "sessions_app.operate_agentsession"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
 
 ACTIVE_STATUSES = (AgentSession.Status.IN_PROGRESS, AgentSession.Status.AWAITING_APPROVAL,
                    AgentSession.Status.REQUIRES_ACTION)
@@ -38,20 +31,20 @@ ACTIVE_STATUSES = (AgentSession.Status.IN_PROGRESS, AgentSession.Status.AWAITING
 
 @require_GET
 @login_required
-def overview_view(request: HttpRequest) -> HttpResponse:
+def overview_view(request: AuthedRequest) -> HttpResponse:
     return render(request, "dashboard/overview.html", {"nav": "overview", "ov": dashboard.overview()})
 
 
 @require_GET
 @login_required
-def health_panel_view(request: HttpRequest) -> HttpResponse:
+def health_panel_view(request: AuthedRequest) -> HttpResponse:
     checks = {"database": health._check_database(), "redis": health._check_redis()}
     checks["workers"] = health._check_workers() if checks["redis"]["ok"] else {"ok": False, "error": "redis down"}
     checks["sandbox"] = health._check_sandbox()
     return render(request, "dashboard/_health.html", {"checks": checks})
 
 
-def _list_context(request: HttpRequest) -> dict[str, object]:
+def _list_context(request: AuthedRequest) -> dict[str, object]:
     f = {name: request.GET.get(name, "").strip() for name in ("status", "agent", "owner", "q")}
     page = dashboard.sessions_page(status=f["status"], agent=f["agent"], owner=f["owner"], q=f["q"],
                                    page=request.GET.get("page", 1))
@@ -60,7 +53,7 @@ def _list_context(request: HttpRequest) -> dict[str, object]:
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
+@permission_required(VIEW_SESSIONS, raise_exception=True)
 def session_list_view(request: HtmxHttpRequest) -> HttpResponse:
     context = _list_context(request)
     if request.htmx and request.htmx.target == "session-results":
@@ -68,22 +61,22 @@ def session_list_view(request: HtmxHttpRequest) -> HttpResponse:
     return _render_list(request, context, SessionStartForm())
 
 
-def _render_list(request: HttpRequest, context: dict[str, object], form: SessionStartForm,
+def _render_list(request: AuthedRequest, context: dict[str, object], form: SessionStartForm,
                  status: int = 200) -> HttpResponse:
     context.update(nav="sessions", form=form, statuses=AgentSession.Status.choices,
                    agents=dashboard.agents_for_filter(), owners=dashboard.owners_for_filter(),
-                   can_operate=request.user.has_perm(OPERATE_PERMISSION))
+                   can_operate=has_perm(request.user, OPERATE_SESSIONS))
     return render(request, "dashboard/session_list.html", context, status=status)
 
 
 @require_POST
 @login_required
-@permission_required(OPERATE_PERMISSION, raise_exception=True)
-def session_create_view(request: HttpRequest) -> HttpResponse:
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_create_view(request: AuthedRequest) -> HttpResponse:
     form = SessionStartForm(request.POST)
     if form.is_valid():
         try:
-            session, _turn = session_start(agent=form.cleaned_data["agent"], owner=request.user,  # type: ignore[arg-type]
+            session, _turn = session_start(agent=form.cleaned_data["agent"], owner=request.user,
                                            input=form.cleaned_data["input"], title=form.cleaned_data["title"],
                                            pinned=form.pinned())
         except DomainError as exc:
@@ -100,15 +93,15 @@ def _session_or_404(session_id: UUID) -> AgentSession:
     return session
 
 
-def _sidebar_context(request: HttpRequest, session: AgentSession) -> dict[str, object]:
+def _sidebar_context(request: AuthedRequest, session: AgentSession) -> dict[str, object]:
     return {"session": session, "bars": dashboard.usage_bars(session), "active": session.status in ACTIVE_STATUSES,
-            "can_operate": request.user.has_perm(OPERATE_PERMISSION)}
+            "can_operate": has_perm(request.user, OPERATE_SESSIONS)}
 
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def session_detail_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
+@permission_required(VIEW_SESSIONS, raise_exception=True)
+def session_detail_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     # The session row (and its last_seq) is read before the timeline: replaying events after
     # last_seq can only bring the page forward, never skip something.
     session = _session_or_404(session_id)
@@ -120,8 +113,8 @@ def session_detail_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def session_timeline_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
+@permission_required(VIEW_SESSIONS, raise_exception=True)
+def session_timeline_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     """Older turns, for the "load earlier turns" button."""
     session = _session_or_404(session_id)
     try:
@@ -135,18 +128,18 @@ def session_timeline_view(request: HttpRequest, session_id: UUID) -> HttpRespons
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def session_sidebar_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
+@permission_required(VIEW_SESSIONS, raise_exception=True)
+def session_sidebar_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     session = _session_or_404(session_id)
     return render(request, "dashboard/_sidebar.html", _sidebar_context(request, session))
 
 
 @require_POST
 @login_required
-@permission_required(OPERATE_PERMISSION, raise_exception=True)
-def turn_submit_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def turn_submit_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     try:
-        turn_submit(session_id=session_id, input=request.POST.get("input", ""), actor=request.user)  # type: ignore[arg-type]
+        turn_submit(session_id=session_id, input=request.POST.get("input", ""), actor=request.user)
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("session_detail", session_id=session_id)
@@ -154,10 +147,10 @@ def turn_submit_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(OPERATE_PERMISSION, raise_exception=True)
-def session_cancel_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_cancel_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     try:
-        session_cancel(session_id=session_id, actor=request.user)  # type: ignore[arg-type]
+        session_cancel(session_id=session_id, actor=request.user)
     except DomainError as exc:
         messages.error(request, exc.message)
     else:
@@ -167,8 +160,8 @@ def session_cancel_view(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW_PERMISSION, raise_exception=True)
-def artifact_download_view(request: HttpRequest, session_id: UUID, artifact_id: UUID) -> HttpResponseBase:
+@permission_required(VIEW_SESSIONS, raise_exception=True)
+def artifact_download_view(request: AuthedRequest, session_id: UUID, artifact_id: UUID) -> HttpResponseBase:
     artifact = Artifact.objects.filter(pk=artifact_id, session_id=session_id).first()
     if artifact is None:
         raise Http404("No such artifact")

@@ -197,7 +197,11 @@ def test_api_auth_get_without_permission_is_403(world: World) -> None:
 
 # --- bad input ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw", [b"{not json", b'{"agent": "x",}', b"'single quotes'", b'{"agent": "\xff\xfe"}'])
+DEEPLY_NESTED = b"[" * 100_000 + b"]" * 100_000  # the JSON parser gives up with a RecursionError
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b'{"agent": "x",}', b"'single quotes'", b'{"agent": "\xff\xfe"}',
+                                 DEEPLY_NESTED], ids=["brace", "comma", "quotes", "encoding", "nested"])
 @pytest.mark.parametrize("name", [name for name in POSTS if name != "session_cancel"])  # cancel reads no body
 def test_api_malformed_json_is_400_and_changes_nothing(world: World, name: str, raw: bytes) -> None:
     path, _ = world.post_requests()[name]
@@ -241,6 +245,30 @@ def test_api_oversized_body_is_413_and_creates_nothing(operator: User, agent: Ag
     too_big = json.dumps({"agent": agent.slug, "input": "y" * 200})
     assert client.post("/api/sessions", too_big, content_type="application/json").status_code == 413
     assert AgentSession.objects.count() == 1
+
+
+def test_api_unknown_path_and_wrong_method_have_the_error_shape(operator: User) -> None:
+    client = api_client(operator)
+    unknown = client.get("/api/nothing-here")
+    assert unknown.status_code == 404
+    assert unknown.json() == {"code": "not_found", "message": "No such API endpoint.", "details": {}}
+    wrong_method = client.put("/api/sessions", {}, content_type="application/json")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json() == {"code": "method_not_allowed", "message": "This endpoint does not take that method.",
+                                   "details": {}}
+    assert set(wrong_method["Allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+
+
+def test_api_unexpected_error_is_500_in_the_error_shape(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(**filters: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("sessions_app.selectors.sessions_list", broken)
+    client = api_client(operator, raise_request_exception=False)
+    response = client.get("/api/sessions")
+    assert response.status_code == 500
+    assert response.json() == {"code": "internal_error", "message": "The server failed to handle this request.",
+                               "details": {}}
 
 
 # --- Idempotency-Key ---------------------------------------------------------------------------------------------

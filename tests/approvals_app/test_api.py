@@ -97,7 +97,7 @@ def test_approvals_list_api_cursor_and_bad_filters(reviewer: User) -> None:
 
     unknown = api.get("/api/approvals?status=maybe")
     assert unknown.status_code == 422 and unknown.json()["code"] == "invalid_arguments"
-    assert api.get("/api/approvals?cursor=abc").status_code == 422
+    assert api.get("/api/approvals?cursor=abc").status_code == 400
 
 
 @pytest.mark.django_db

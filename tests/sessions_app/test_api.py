@@ -188,9 +188,9 @@ def test_sessions_list_api_cursor_walks_every_session_once(api: Client, operator
     assert len(set(seen)) == 11
 
 
-def test_sessions_list_api_invalid_cursor_or_status_is_422(api: Client) -> None:
+def test_sessions_list_api_invalid_cursor_is_400_and_invalid_status_or_limit_422(api: Client) -> None:
     response = api.get("/api/sessions?cursor=not-a-cursor")
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json() == {"code": "invalid_arguments", "message": "Invalid cursor",
                                "details": {"field": "cursor"}}
     assert api.get("/api/sessions?limit=many").status_code == 422
