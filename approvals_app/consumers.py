@@ -15,9 +15,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentops.permissions import VIEW_APPROVALS, has_perm
+from sessions_app import selectors
 from sessions_app.announce import APPROVALS_GROUP
 from sessions_app.fragments import render_event_fragments
-from sessions_app.models import Event
 
 # An event is stamped inside its transaction, before it commits: look back a little further.
 COMMIT_SKEW = timedelta(seconds=30)
@@ -25,8 +25,7 @@ BACKLOG_LIMIT = 1000
 
 
 def load_approval_events(since: datetime) -> list[dict[str, Any]]:
-    rows = (Event.objects.filter(type__startswith="approval.", created_at__gte=since - COMMIT_SKEW)
-            .order_by("created_at", "seq")[:BACKLOG_LIMIT])
+    rows = selectors.events_since(type_prefix="approval.", since=since - COMMIT_SKEW, limit=BACKLOG_LIMIT)
     events = [e.as_dict() for e in rows]
     return [{"type": "event", "event": event, "html": html}
             for event, html in zip(events, render_event_fragments(events), strict=True)]

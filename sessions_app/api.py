@@ -3,7 +3,6 @@
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -14,11 +13,12 @@ from ninja import Query, Router
 from ninja.responses import Status
 
 from agentops.api import ERRORS
-from agentops.domain import InvalidArguments, NotFound
+from agentops.domain import InvalidArguments
 from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, require_perm
 from sessions_app import announce, selectors
+from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
@@ -104,8 +104,7 @@ def turn_submit_api(request: AuthedRequest, session_id: str, payload: TurnCreate
 @router.get("/sessions/{session_id}/turns", response={200: list[TurnOut], **ERRORS})
 def turns_list_api(request: AuthedRequest, session_id: str) -> list[Turn]:
     require_perm(request.user, VIEW_SESSIONS)
-    session = selectors.session_get(session_id)
-    return list(Turn.objects.filter(session=session).order_by("index"))
+    return selectors.turns_of_session(selectors.session_get(session_id).id)
 
 
 @router.get("/turns/{turn_id}", response={200: TurnDetailOut, **ERRORS})
@@ -195,19 +194,13 @@ def tool_output_submit_api(request: AuthedRequest, session_id: str, payload: Too
 @router.get("/sessions/{session_id}/artifacts", response={200: list[ArtifactOut], **ERRORS})
 def artifacts_list_api(request: AuthedRequest, session_id: str) -> Any:
     require_perm(request.user, VIEW_SESSIONS)
-    session = selectors.session_get(session_id)
-    return list(session.artifacts.order_by("created_at"))
+    return selectors.artifacts_of_session(selectors.session_get(session_id).id)
 
 
 @router.get("/artifacts/{artifact_id}/content", response={200: None, **ERRORS})
 def artifact_content_api(request: AuthedRequest, artifact_id: str) -> FileResponse:
     require_perm(request.user, VIEW_SESSIONS)
-    artifact = selectors.artifact_get(artifact_id)
-    path = Path(artifact.storage_path)
-    if not path.is_file():
-        raise NotFound("The artifact's content is missing from storage.")
-    return FileResponse(path.open("rb"), as_attachment=True, filename=Path(artifact.path).name,
-                        content_type=artifact.content_type)
+    return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id))
 
 
 @router.get("/agents", response={200: list[AgentOut], **ERRORS})

@@ -13,9 +13,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agentops.permissions import VIEW_SESSIONS, has_perm
+from sessions_app import selectors
 from sessions_app.announce import session_group
 from sessions_app.fragments import render_event_fragments
-from sessions_app.models import AgentSession, Event
 
 BACKLOG_BATCH = 200
 MAX_RESEND = 5000
@@ -25,16 +25,14 @@ CLOSE_FORBIDDEN = 4403
 
 def load_events(session_id: Any, after: int, until: int | None, limit: int) -> list[dict[str, Any]]:
     """Stored events after ``after`` (up to ``until``), each with its fragment. Four queries at most."""
-    qs = Event.objects.filter(session_id=session_id, seq__gt=after)
-    if until is not None:
-        qs = qs.filter(seq__lte=until)
-    events = [e.as_dict() for e in qs.order_by("seq")[:limit]]
+    events = [e.as_dict() for e in selectors.events_after(session_id=session_id, after=after, until=until,
+                                                          limit=limit)]
     return [{"type": "event", "event": event, "html": html}
             for event, html in zip(events, render_event_fragments(events), strict=True)]
 
 
 def _may_view(user: Any, session_id: Any) -> bool:
-    return has_perm(user, VIEW_SESSIONS) and AgentSession.objects.filter(pk=session_id).exists()
+    return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id)
 
 
 class SessionConsumer(AsyncJsonWebsocketConsumer):

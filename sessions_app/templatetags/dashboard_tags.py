@@ -4,7 +4,7 @@ from typing import Any
 
 from django import template
 
-from sessions_app.dashboard import pretty_json as _pretty_json
+from sessions_app.presenters import pretty_json as _pretty_json
 
 register = template.Library()
 

@@ -16,7 +16,7 @@ from django.test import AsyncClient, Client
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 from sessions_app.services import artifact_record, event_record, step_transition
 from tests import factories
-from tests.helpers import api_client, api_token
+from tests.helpers import api_client, api_token, login
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -484,6 +484,41 @@ def test_artifacts_list_api_and_content_download(api: Client, operator: User,
     assert b"".join(download.streaming_content) == b"all green\n"  # type: ignore[attr-defined]
     assert download["Content-Type"] == "text/plain"
     assert download["Content-Disposition"] == 'attachment; filename="report.txt"'
+    assert download["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize(("name", "stored_type", "served_type"), [
+    ("page.html", "text/html", "application/octet-stream"),
+    ("logo.svg", "image/svg+xml", "application/octet-stream"),
+    ("plot.png", "image/png", "image/png"),
+    ("data.json", "application/json; charset=utf-8", "application/json"),
+])
+def test_artifact_content_api_and_page_serve_one_policy(api: Client, operator: User, name: str, stored_type: str,
+                                                        served_type: str) -> None:
+    session = factories.session(owner=operator)
+    stored = Path(settings.AGENTOPS_ARTIFACT_ROOT) / uuid.uuid4().hex
+    stored.write_bytes(b"<svg onload=alert(1)>")
+    artifact = artifact_record(session_id=session.id, path=f"out/{name}", size=21, sha256="ab" * 32,
+                               storage_path=str(stored), content_type=stored_type)
+    page = login(operator).get(f"/sessions/{session.id}/artifacts/{artifact.id}/")
+    for response in (api.get(f"/api/artifacts/{artifact.id}/content"), page):
+        assert response.status_code == 200
+        assert response["Content-Type"] == served_type
+        assert response["Content-Disposition"] == f'attachment; filename="{name}"'
+        assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_artifact_content_api_and_page_refuse_a_file_outside_the_artifact_root(api: Client, operator: User,
+                                                                               tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not an artifact")
+    session = factories.session(owner=operator)
+    for storage_path in (str(secret), "../" * 20 + str(secret).lstrip("/")):
+        artifact = artifact_record(session_id=session.id, path=f"out/{uuid.uuid4().hex}.txt", size=15,
+                                   sha256=uuid.uuid4().hex * 2, storage_path=storage_path)
+        response = api.get(f"/api/artifacts/{artifact.id}/content")
+        assert response.status_code == 404 and response.json()["code"] == "not_found"
+        assert login(operator).get(f"/sessions/{session.id}/artifacts/{artifact.id}/").status_code == 404
 
 
 def test_artifact_content_api_missing_is_404(api: Client, operator: User) -> None:

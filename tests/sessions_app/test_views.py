@@ -270,6 +270,7 @@ def test_artifact_download(operator: User, agent: AgentProfile, settings: Any) -
     assert response.status_code == 200
     assert response["Content-Type"] == "application/octet-stream"
     assert "attachment" in response["Content-Disposition"]
+    assert response["X-Content-Type-Options"] == "nosniff"
     assert b"".join(response.streaming_content) == b"<script>x</script>"  # type: ignore[attr-defined]
 
 
