@@ -1,13 +1,7 @@
 """Sessions, turns, events, artifacts, agents and tools: the integration API."""
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
 from typing import Any
-from uuid import UUID
 
-from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.http import FileResponse, StreamingHttpResponse
 from ninja import Query, Router
 from ninja.responses import Status
@@ -17,14 +11,13 @@ from agentops.domain import InvalidArguments
 from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, require_perm
-from sessions_app import announce, selectors
+from sessions_app import selectors, streams
 from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
     AgentOut,
     ArtifactOut,
-    EventOut,
     EventPageOut,
     SessionCreatedOut,
     SessionCreateIn,
@@ -40,7 +33,6 @@ from sessions_app.schemas import (
 from tools_app.selectors import tool_definitions_enabled
 
 router = Router(tags=["sessions"])
-HEARTBEAT_SECONDS = 15.0
 
 
 def session_out(s: AgentSession) -> dict[str, Any]:
@@ -61,9 +53,9 @@ def session_start_api(request: AuthedRequest, payload: SessionCreateIn) -> Statu
     require_perm(request.user, OPERATE_SESSIONS)
     agent = selectors.agent_get(payload.agent)
     session, turn = engine.session_start(
-        agent=agent, owner=request.user,
-        input=payload.input or "", title=payload.title or "", pinned=payload.pinned, budget=payload.budget,
-        metadata=payload.metadata, idempotency_key=request.headers.get("Idempotency-Key", ""))
+        agent=agent, owner=request.user, input=payload.input or "", title=payload.title or "",
+        pinned=payload.pinned, budget=payload.budget, metadata=payload.metadata,
+        idempotency_key=request.headers.get("Idempotency-Key", ""))
     session = selectors.session_get(session.id)
     return Status(201, {**session_out(session), "turn": turn})
 
@@ -125,59 +117,18 @@ def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, lim
     return {"items": items, "next_after": items[-1].seq if items else max(0, after)}
 
 
-def _sse(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, default=str)}\n\n"
-
-
-async def _event_stream(session_id: UUID, after: int, max_seconds: float | None) -> AsyncIterator[str]:
-    """Backlog from the database, then live events from the channel layer; gaps re-read."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer else None
-    group = announce.session_group(session_id)
-    if layer and channel:
-        await layer.group_add(group, channel)  # join before reading the backlog: nothing slips between
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max_seconds if max_seconds else None
-    last = after
-    try:
-        yield ": connected\n\n"
-        backlog = await sync_to_async(selectors.events_after)(session_id=session_id, after=last, limit=10_000)
-        for ev in backlog:
-            last = ev.seq
-            yield _sse(ev.as_dict())
-        while deadline is None or loop.time() < deadline:
-            timeout = HEARTBEAT_SECONDS if deadline is None else min(HEARTBEAT_SECONDS, deadline - loop.time())
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
-            except TimeoutError:
-                yield ": heartbeat\n\n"
-                continue
-            event = message.get("event") or {}
-            seq = int(event.get("seq", 0))
-            if seq <= last:
-                continue  # already sent (backlog overlap)
-            if seq > last + 1:  # the channel layer dropped something: read the gap
-                missing = await sync_to_async(selectors.events_after)(session_id=session_id, after=last,
-                                                                      until=seq - 1, limit=10_000)
-                for ev in missing:
-                    last = ev.seq
-                    yield _sse(ev.as_dict())
-            last = seq
-            yield _sse(event)
-    finally:
-        if layer and channel:
-            await layer.group_discard(group, channel)
-
-
 @router.get("/sessions/{session_id}/events/stream", response={200: None, **ERRORS})
 def events_stream_api(request: AuthedRequest, session_id: str, after: int | None = None,
                       max_seconds: float | None = Query(None, description="Close after this long (tests).")
                       ) -> StreamingHttpResponse:
+    """Server-Sent Events: the backlog after ``after`` (else ``Last-Event-ID``, else 0), then live
+    events, each once and in seq order (``sessions_app/streams.py``)."""
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
-    last_event_id = request.headers.get("Last-Event-ID")
-    start = after if after is not None else int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
-    response = StreamingHttpResponse(_event_stream(session.id, start, max_seconds), content_type="text/event-stream")
+    last_event_id = request.headers.get("Last-Event-ID", "")
+    start = after if after is not None else int(last_event_id) if last_event_id.isdigit() else 0
+    response = StreamingHttpResponse(streams.event_stream(session.id, start, max_seconds=max_seconds),
+                                     content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -216,6 +167,3 @@ def agents_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
 def tools_list_api(request: AuthedRequest) -> Any:
     require_perm(request.user, VIEW_TOOLS)
     return list(tool_definitions_enabled())
-
-
-__all__ = ["EventOut", "router"]

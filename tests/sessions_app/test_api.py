@@ -351,7 +351,7 @@ def test_events_stream_api_resumes_from_last_event_id_or_after(operator: User) -
 
 
 def test_events_stream_api_sends_heartbeat_comments(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions_app.api.HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr("sessions_app.streams.HEARTBEAT_SECONDS", 0.05)
     session = factories.session(owner=operator)
     raw = _stream(api_token(operator), f"/api/sessions/{session.id}/events/stream?max_seconds=0.4")[2]
     assert raw.count(": heartbeat\n\n") >= 3

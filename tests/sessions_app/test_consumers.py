@@ -7,9 +7,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from django.db import transaction
 
 from sessions_app import services
-from sessions_app.models import AgentSession
+from sessions_app.models import AgentSession, Event
 from tests import factories
 from tests.helpers import ws_communicator as communicator
 
@@ -27,6 +28,16 @@ def make_session() -> tuple[User, AgentSession]:
 @database_sync_to_async
 def record(session: AgentSession, text: str) -> int:
     return services.event_record(session_id=session.id, type="note.added", payload={"text": text}).seq
+
+
+@database_sync_to_async
+def lose(session: AgentSession) -> int:
+    """Store an event the channel layer never announces (as when it drops one); returns its seq."""
+    with transaction.atomic():
+        row = AgentSession.objects.select_for_update().get(pk=session.id)
+        Event.objects.create(session=row, seq=row.last_seq + 1, type="note.lost", payload={})
+        AgentSession.objects.filter(pk=row.pk).update(last_seq=row.last_seq + 1)
+    return row.last_seq + 1
 
 
 async def receive_events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
@@ -99,6 +110,22 @@ async def test_live_messages_are_forwarded_without_reading_the_database() -> Non
     marker = {**message, "event": {**message["event"], "seq": 5}}
     await get_channel_layer().group_send(f"session.{session.id}", marker)
     assert (await comm.receive_json_from(timeout=5))["event"]["seq"] == 5
+    await comm.disconnect()
+
+
+async def test_a_live_event_after_a_gap_brings_the_missing_ones_from_the_database() -> None:
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 2})
+    assert (await comm.receive_json_from(timeout=5))["event"]["seq"] == 3  # the backlog has been read
+    assert await lose(session) == 4
+    assert await lose(session) == 5
+    assert await record(session, "after the gap") == 6
+    got = await receive_events(comm, 3)
+    assert [(m["event"]["seq"], m["event"]["type"]) for m in got] == [(4, "note.lost"), (5, "note.lost"),
+                                                                      (6, "note.added")]
+    await assert_next_is(comm, session, "nothing twice")
     await comm.disconnect()
 
 
