@@ -2,24 +2,29 @@
 shape, malformed and oversized bodies, and ``Idempotency-Key`` on every POST."""
 
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agentops import idempotency
 from agentops.models import ApiToken, IdempotencyRecord
 from agentops.services import api_token_create
 from approvals_app import services as approvals
 from approvals_app.models import ApprovalRequest
+from sessions_app.engine import commands
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import step_transition
 from tests import factories
-from tests.helpers import api_client
+from tests.helpers import api_client, api_token
 from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db
@@ -341,3 +346,83 @@ def test_idempotency_key_is_honoured_on_every_post(world: World, name: str) -> N
     reused = client.post(path, other_body, content_type="application/json", headers=headers)
     assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
     assert _snapshot() == after_first
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer aop_not-a-real-token", "Basic b3A6cHc="])
+def test_idempotency_unauthenticated_post_touches_no_idempotency_row(world: World, authorization: str | None) -> None:
+    client = Client(headers={"Authorization": authorization} if authorization else {})
+    path, body = world.post_requests()["session_start"]
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(path, body, content_type="application/json", headers={"Idempotency-Key": "anon"})
+    assert response.status_code == 401
+    assert not [q["sql"] for q in queries.captured_queries if IdempotencyRecord._meta.db_table in q["sql"]]
+    assert IdempotencyRecord.objects.count() == 0
+
+
+def _post_in_thread(token: str, path: str, body: dict[str, Any], key: str) -> tuple[threading.Thread, list[Any]]:
+    """POST from another thread (its own database connection); the response lands in the list."""
+    out: list[Any] = []
+
+    def post() -> None:
+        try:
+            out.append(Client(headers={"Authorization": f"Bearer {token}"}).post(
+                path, body, content_type="application/json", headers={"Idempotency-Key": key}))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_idempotency_concurrent_duplicate_gets_409_or_waits_and_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    operator = factories.user("op-race", groups=["operators"])
+    agent = factories.agent_profile()
+    token = api_token(operator)
+    body = {"agent": agent.slug, "input": "deploy once"}
+    running, release = threading.Event(), threading.Event()
+    real_start = commands.session_start
+
+    def held_start(**kwargs: Any) -> Any:
+        running.set()
+        assert release.wait(20), "the test never released the first request"
+        return real_start(**kwargs)
+
+    monkeypatch.setattr(commands, "session_start", held_start)
+    first, first_out = _post_in_thread(token, "/api/sessions", body, "race-1")
+    try:
+        assert running.wait(20)  # the first request reserved the key and runs its view
+        # No transaction of the middleware wraps the view: the reservation is committed and visible.
+        record = IdempotencyRecord.objects.get(key="race-1")
+        assert record.status_code is None
+
+        monkeypatch.setattr(idempotency, "IN_PROGRESS_WAIT_SECONDS", 0.3)
+        busy = Client(headers={"Authorization": f"Bearer {token}"}).post(
+            "/api/sessions", body, content_type="application/json", headers={"Idempotency-Key": "race-1"})
+        assert busy.status_code == 409
+        assert busy.json() == {"code": "idempotency_in_progress",
+                               "message": "A request with this Idempotency-Key is still running; retry shortly.",
+                               "details": {}}
+
+        monkeypatch.setattr(idempotency, "IN_PROGRESS_WAIT_SECONDS", 20)
+        waiting = threading.Event()
+        real_wait = idempotency._wait
+
+        def noticed_wait(seconds: float) -> None:
+            waiting.set()
+            real_wait(seconds)
+
+        monkeypatch.setattr(idempotency, "_wait", noticed_wait)
+        second, second_out = _post_in_thread(token, "/api/sessions", body, "race-1")
+        assert waiting.wait(20)  # the duplicate found the reservation and waits for it
+        assert AgentSession.objects.count() == 0
+    finally:
+        release.set()
+    first.join(30)
+    second.join(30)
+    assert first_out[0].status_code == 201, first_out[0].content
+    assert second_out[0].status_code == 201 and second_out[0]["Idempotent-Replayed"] == "true"
+    assert second_out[0].json() == first_out[0].json()
+    assert AgentSession.objects.count() == Turn.objects.count() == 1
+    assert IdempotencyRecord.objects.get(key="race-1").status_code == 201
