@@ -15,6 +15,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import reswap, retarget
 
 from agentops.domain import DomainError, InvalidArguments, NotFound
 from agentops.http import AuthedRequest, HtmxHttpRequest
@@ -126,9 +127,7 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
             # The decision did not happen: show the message in the item itself.
             response = render(request, "dashboard/_queue_item.html",
                               {"approval": approval, "can_decide": True, "error": message}, status=exc.status)
-            response["HX-Retarget"] = f"#approval-{approval.request_id}"
-            response["HX-Reswap"] = "outerHTML"
-            return response
+            return reswap(retarget(response, f"#approval-{approval.request_id}"), "outerHTML")
         approval = _approval_or_404(request_id)  # show what is current now
         return _detail(request, approval, error=message, error_details=details, edit_form=edit_form,
                        status=exc.status)

@@ -224,6 +224,7 @@ def test_one_click_from_the_queue_with_htmx(operator: User, reviewer: User, agen
         "decision": "approve", "from": "queue", "arguments_sha256": "f" * 64}, headers={"HX-Request": "true"})
     assert stale.status_code == 409 and "out of date" in stale.content.decode()
     assert stale["HX-Retarget"] == f"#approval-{approval.request_id}"
+    assert stale["HX-Reswap"] == "outerHTML"
     response = client.post(f"/approvals/{approval.request_id}/decide/", {
         "decision": "approve", "from": "queue", "arguments_sha256": approval.arguments_sha256},
         headers={"HX-Request": "true"})

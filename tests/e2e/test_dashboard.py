@@ -255,5 +255,5 @@ def test_gap_in_seq_is_filled_from_the_database(browser: Any, stack: Stack, worl
     after = services.event_record(session_id=session.id, type="session.status_changed", payload={"status": "failed"})
     # The page sees seq n+1 arrive after n-1, asks for n, then applies both in order.
     wait_for(lambda: operator.evaluate("window.agentopsLastSeq()") == after.seq, what="the gap to be filled")
-    assert operator.inner_text("#session-status") == "failed"
+    assert operator.inner_text("#session-status") == "Failed"
     operator.context.close()

@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from approvals_app.models import ApprovalRequest
 from sessions_app import services
 from sessions_app.fragments import render_event_fragment
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
@@ -286,3 +287,16 @@ def test_fragments_target_the_page_partials(operator: User, agent: AgentProfile)
     assert f'data-target="#turn-{turn.id}-items"' in tool and "exit 0" in tool
     status = render_event_fragment(events["session.status_changed"].as_dict())
     assert 'data-op="replace" data-target="#session-status"' in status
+
+
+def test_status_labels_come_from_the_models_choices(operator: User, agent: AgentProfile) -> None:
+    labels: dict[str, set[str]] = {}
+    for choices in (AgentSession.Status, Turn.Status, Step.Status, ApprovalRequest.Status):
+        for value, label in choices.choices:
+            labels.setdefault(value, set()).add(str(label))
+    assert {value: names for value, names in labels.items() if len(names) > 1} == {}  # one label per value
+    session = factories.session(agent=agent, owner=operator)
+    services.turn_create(session_id=session.id, input="go")
+    body = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert '<span id="session-status" class="badge s-in_progress">In progress</span>' in body
+    assert '<span class="badge s-queued">Queued</span>' in body
