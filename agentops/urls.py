@@ -24,7 +24,6 @@ urlpatterns = [
     path("sessions/new/", session_views.session_create_view, name="session_create"),
     path("sessions/<uuid:session_id>/", session_views.session_detail_view, name="session_detail"),
     path("sessions/<uuid:session_id>/timeline/", session_views.session_timeline_view, name="session_timeline"),
-    path("sessions/<uuid:session_id>/sidebar/", session_views.session_sidebar_view, name="session_sidebar"),
     path("sessions/<uuid:session_id>/turns/", session_views.turn_submit_view, name="turn_submit"),
     path("sessions/<uuid:session_id>/cancel/", session_views.session_cancel_view, name="session_cancel"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,

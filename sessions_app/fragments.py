@@ -2,13 +2,14 @@
 
 A fragment is a list of ``<template data-op=… data-target=…>`` instructions that static/js/live.js
 applies to whatever page is open: ``upsert`` (replace the element ``data-id`` or insert it into the
-target), ``replace`` (the target element), ``remove`` (the element ``data-id``), ``append-text`` and
-``set-text`` (a streaming answer).
+target), ``replace`` (the target element; skipped when the page already shows a newer copy, by
+``data-seq``), ``remove`` (the element ``data-id``) and ``append-text`` (a streaming answer).
 Targets absent from the page are skipped, so one fragment serves the session timeline, the
 approval queue and the decision page. The content comes from the same template partials the pages
 render, built from the same view models (``presenters``).
 """
 
+import re
 from typing import Any
 
 from django.template.loader import render_to_string
@@ -22,6 +23,9 @@ STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
+# Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
+SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
+                           r"|budget\.|session\.status_changed$)")
 
 
 def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
@@ -37,15 +41,29 @@ def render_event_fragment(event: dict[str, Any]) -> str:
 
 
 def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
-    """Fragments of many events with their rows fetched in bulk (a reconnect backlog): at most four
-    queries (steps, their approvals, turns, queue items), none for deltas."""
+    """Fragments of many events with their rows fetched in bulk: at most five queries (steps, their
+    approvals, turns, queue items, the sidebar's sessions), none for deltas.
+
+    The sidebar is rendered once per session per call, from the session row as it is now, and rides
+    on that session's last event here that changes it: a batch of a hundred tool events costs one
+    sidebar, and the page never re-fetches it.
+    """
     step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
     turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
     request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] == "approval.requested"}
     steps = _step_views(step_ids)
     turns = selectors.turns_by_id(turn_ids)
     approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
-    return [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    htmls = [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    sidebar_at = {str(e["session_id"]): i for i, e in enumerate(events) if SIDEBAR_TYPES.match(e["type"])}
+    sessions = selectors.sessions_by_id(sidebar_at)
+    for session_id, i in sidebar_at.items():
+        session = sessions.get(session_id)
+        if session is not None:
+            html = render_to_string("dashboard/_sidebar.html",
+                                    presenters.sidebar_context(session, can_operate=False, live=True))
+            htmls[i] += _op("replace", "#sidebar", html, seq=int(events[i]["seq"]))
+    return htmls
 
 
 def _is_step_event(event: dict[str, Any]) -> bool:

@@ -2,7 +2,7 @@
 
 Plain function views: parse, call one service or selector, build the view models, render.
 ``request.htmx`` picks the partial. Live updates come over the WebSocket (consumers.py) as the
-same partials.
+same partials, the sidebar included: the page never polls.
 """
 
 from datetime import timedelta
@@ -13,8 +13,10 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from agentops.domain import DomainError, NotFound
 from agentops.health import health_checks
@@ -140,37 +142,35 @@ def session_timeline_view(request: AuthedRequest, session_id: UUID) -> HttpRespo
                   {"session": session, "turns": turns, "earlier_before": earlier_before})
 
 
-@require_GET
-@login_required
-@permission_required(VIEW_SESSIONS, raise_exception=True)
-def session_sidebar_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
-    session = _session_or_404(session_id)
-    return render(request, "dashboard/_sidebar.html",
-                  presenters.sidebar_context(session, can_operate=has_perm(request.user, OPERATE_SESSIONS)))
+def _back_to_session(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    # The sidebar's forms post with htmx when the page was updated live (the pushed copy has no
+    # CSRF token in it: htmx sends the header): go to the page as a plain form post would.
+    url = reverse("session_detail", kwargs={"session_id": session_id})
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
 
 
 @require_POST
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
-def turn_submit_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
+def turn_submit_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     try:
         turn_submit(session_id=session_id, input=request.POST.get("input", ""), actor=request.user)
     except DomainError as exc:
         messages.error(request, exc.message)
-    return redirect("session_detail", session_id=session_id)
+    return _back_to_session(request, session_id)
 
 
 @require_POST
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
-def session_cancel_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
+def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     try:
         session_cancel(session_id=session_id, actor=request.user)
     except DomainError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, "The running turn was cancelled.")
-    return redirect("session_detail", session_id=session_id)
+    return _back_to_session(request, session_id)
 
 
 @require_GET
