@@ -203,11 +203,15 @@ def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: in
     return list(qs.order_by("seq")[:limit])
 
 
-def events_since(*, type_prefix: str, since: datetime, limit: int) -> list[Event]:
+def events_since(*, type_prefix: str, since: datetime, limit: int,
+                 after: tuple[datetime, int] | None = None) -> list[Event]:
     """Events of every session whose type starts with ``type_prefix``, stamped at or after
-    ``since``, oldest first, at most ``limit``."""
-    return list(Event.objects.filter(type__startswith=type_prefix, created_at__gte=since)
-                .order_by("created_at", "seq")[:limit])
+    ``since``, oldest first (by ``created_at``, then ``id``), at most ``limit``; the next page
+    starts ``after`` the (created_at, id) of the last event of the previous one."""
+    qs = Event.objects.filter(type__startswith=type_prefix, created_at__gte=since)
+    if after is not None:
+        qs = qs.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
+    return list(qs.order_by("created_at", "id")[:limit])
 
 
 # --- artifacts -----------------------------------------------------------------------------

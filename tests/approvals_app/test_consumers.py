@@ -63,6 +63,21 @@ async def test_missed_requests_on_connect_then_live() -> None:
     await comm.disconnect()
 
 
+async def test_a_long_backlog_is_sent_page_by_page_without_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("approvals_app.consumers.BACKLOG_PAGE", 2)
+    reviewer = await reviewer_user()
+    since = timezone.now() - timedelta(minutes=5)
+    missed = [await make_request() for _ in range(5)]
+    comm = await communicator(reviewer)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "hello", "since": since.isoformat()})
+    backlog = [await comm.receive_json_from(timeout=5) for _ in range(5)]
+    assert [m["event"]["payload"]["request_id"] for m in backlog] == [str(a.request_id) for a in missed]
+    live = await make_request()
+    assert (await comm.receive_json_from(timeout=5))["event"]["payload"]["request_id"] == str(live.request_id)
+    await comm.disconnect()
+
+
 async def test_forwards_the_senders_fragment_as_is() -> None:
     comm = await communicator(await reviewer_user())
     await comm.connect()
