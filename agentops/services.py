@@ -1,6 +1,5 @@
 """API tokens: minted once, stored as a SHA-256, checked in constant time by lookup of the hash."""
 
-import hashlib
 import secrets
 
 from django.contrib.auth import get_user_model
@@ -9,12 +8,7 @@ from django.utils import timezone
 
 from agentops.domain import NotFound
 from agentops.models import ApiToken
-
-TOKEN_PREFIX = "aop_"
-
-
-def _hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+from agentops.selectors import TOKEN_PREFIX, api_token_get, token_sha256
 
 
 def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
@@ -24,15 +18,14 @@ def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
     except get_user_model().DoesNotExist as exc:
         raise NotFound(f"No user {username!r}") from exc
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=_hash(token))
+    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=token_sha256(token))
     return row, token
 
 
 def api_token_authenticate(token: str) -> AbstractBaseUser | None:
-    if not token.startswith(TOKEN_PREFIX):
-        return None
-    row = ApiToken.objects.select_related("user").filter(token_sha256=_hash(token), revoked_at__isnull=True).first()
-    if row is None or not row.user.is_active:
+    """The user a token authenticates, recording when it was last used; None for a bad token."""
+    row = api_token_get(token)
+    if row is None:
         return None
     ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
     return row.user

@@ -31,6 +31,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 PASSWORD = "pw"
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords() -> None:
+    """Overrides the suite's cheap password hasher: daphne, in its own process, checks the login
+    form's password with the default hashers."""
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
