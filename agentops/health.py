@@ -9,6 +9,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from agentops.celery import app
 from tools_app.sandbox import sandbox_status
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,6 @@ def _check_redis() -> dict[str, Any]:
 
 
 def _check_workers() -> dict[str, Any]:
-    from agentops.celery import app
-
     try:
         replies = app.control.ping(timeout=0.7)
     except Exception as exc:
