@@ -1,7 +1,22 @@
+from typing import Any
+
 from django.contrib import admin
 from django.http import HttpRequest
 
 from agentops.models import ApiToken
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An audit trail: visible, never edited or deleted from the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(ApiToken)

@@ -1,12 +1,15 @@
 """Domain errors and the state-machine mixin shared by every app.
 
-This module imports no app: every layer may use it.
+This module imports no app (Django itself only): every layer may use it.
 """
 
 import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, ParamSpec, TypeVar
+
+from django.db import connection, models, transaction
+from django.db.models import Q
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,9 +88,6 @@ class StateMachine:
 
 def status_constraint(model_name: str, status: Any, *, field: str = "status") -> Any:
     """The CheckConstraint of a status field, built from its TextChoices (never a typed list)."""
-    from django.db import models
-    from django.db.models import Q
-
     return models.CheckConstraint(condition=Q(**{f"{field}__in": list(status.values)}),
                                   name=f"{model_name}_{field}_valid")
 
@@ -104,8 +104,6 @@ def joins_transaction(func: Callable[P, R]) -> Callable[P, R]:
     unlike ``atomic(savepoint=False)`` a domain error raised before any write leaves the
     caller's transaction usable.
     """
-    from django.db import connection, transaction
-
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         if connection.in_atomic_block:

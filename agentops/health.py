@@ -10,6 +10,9 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from agentops.celery import app
+from tools_app.sandbox import sandbox_status
+
 log = logging.getLogger(__name__)
 
 
@@ -32,8 +35,6 @@ def _check_redis() -> dict[str, Any]:
 
 
 def _check_workers() -> dict[str, Any]:
-    from agentops.celery import app
-
     try:
         replies = app.control.ping(timeout=0.7)
     except Exception as exc:
@@ -61,24 +62,30 @@ def _check_gateways() -> dict[str, Any]:
 
 def _check_sandbox() -> dict[str, Any]:
     try:
-        from tools_app.sandbox import sandbox_status
-    except ImportError:
-        return {"ok": False, "error": "sandbox not installed"}
-    try:
         return dict(sandbox_status())
     except Exception as exc:
         return {"ok": False, "error": str(exc)[:300]}
 
 
-@require_GET
-def healthz_view(request: HttpRequest) -> JsonResponse:
+# What "degraded" means: the product cannot run turns without these (the sandbox only limits it).
+REQUIRED = ("database", "redis", "workers", "gateways")
+
+
+def health_checks() -> dict[str, dict[str, Any]]:
+    """The state of the database, Redis, the workers and the sandbox; never raises."""
     checks = {"database": _check_database(), "redis": _check_redis()}
     # Workers are reached through Redis: without it the answer is known.
     down = {"ok": False, "error": "redis down"}
     checks["workers"] = _check_workers() if checks["redis"]["ok"] else down
     checks["gateways"] = _check_gateways() if checks["redis"]["ok"] else down
     checks["sandbox"] = _check_sandbox()
-    failing = [name for name in ("database", "redis", "workers", "gateways") if not checks[name]["ok"]]
+    return checks
+
+
+@require_GET
+def healthz_view(request: HttpRequest) -> JsonResponse:
+    checks = health_checks()
+    failing = [name for name in REQUIRED if not checks[name]["ok"]]
     body = {"status": "ok" if not failing else "degraded", "failing": failing, "checks": checks}
     response = JsonResponse(body, status=503 if failing else 200)
     if failing:

@@ -1,22 +1,56 @@
 """``Idempotency-Key`` on every API POST: the same key and body replay the first response and
 cause no second effect; the same key with another body is 422.
 
-The record is inserted first, in the transaction that wraps the request: a concurrent request
-with the same key blocks on the unique index until the first commits, then replays it.
+The house rule, no work inside a transaction we hold: the key is reserved in one short
+transaction (a row with no response yet), the view runs outside it (the services own their
+transactions, and no row lock outlives them while the response renders), and the response is
+recorded in another short one. A concurrent request with the same key finds the reservation: it
+waits up to IN_PROGRESS_WAIT_SECONDS for the first to finish and replays its response, else gets
+409 ``idempotency_in_progress``. A request refused before it ran (401, 403) or failed (5xx)
+releases its key: the caller may retry with it once that is fixed.
+
+Only an authenticated caller reserves a key (the API refuses everyone else with 401 anyway), and
+a key belongs to the credentials it came with: the same key from another caller is another key.
 """
 
 import hashlib
+import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 
 from agentops.models import IdempotencyRecord
+from agentops.selectors import api_token_user
+
+MAX_KEY_CHARS = 200
+IN_PROGRESS_WAIT_SECONDS = 2.0
+POLL_SECONDS = 0.05
+# A reservation this old belongs to a request whose process died: the key is free again.
+STALE_AFTER = timedelta(minutes=10)
 
 
-def _scope(request: HttpRequest) -> str:
-    who = request.headers.get("Authorization") or request.COOKIES.get("sessionid") or "anonymous"
-    return hashlib.sha256(who.encode()).hexdigest()
+def _error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"code": code, "message": message, "details": {}}, status=status)
+
+
+def _scope(request: HttpRequest) -> str | None:
+    """Whose key this is: a hash of the credentials the API will authenticate the request with
+    (a valid Bearer token first, as ``agentops.auth`` does, else the logged-in session); None
+    for a request the API will refuse with 401."""
+    authorization = request.headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip() and api_token_user(token.strip()) is not None:
+        return hashlib.sha256(authorization.encode()).hexdigest()
+    if request.user.is_authenticated and request.COOKIES.get("sessionid"):
+        return hashlib.sha256(request.COOKIES["sessionid"].encode()).hexdigest()
+    return None
+
+
+def _wait(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 class IdempotencyMiddleware:
@@ -27,36 +61,62 @@ class IdempotencyMiddleware:
         key = request.headers.get("Idempotency-Key", "")
         if request.method != "POST" or not key or not request.path.startswith("/api/"):
             return self.get_response(request)
-        if len(key) > 200:
-            return JsonResponse({"code": "invalid_idempotency_key", "message": "Idempotency-Key is over 200 chars.",
-                                 "details": {}}, status=422)
-        digest = hashlib.sha256(request.path.encode() + b"\n" + request.body).hexdigest()
+        if len(key) > MAX_KEY_CHARS:
+            return _error(422, "invalid_idempotency_key", f"Idempotency-Key is over {MAX_KEY_CHARS} chars.")
         scope = _scope(request)
-        with transaction.atomic():
+        if scope is None:
+            return self.get_response(request)  # the API answers 401; there is nothing to remember
+        digest = hashlib.sha256(request.path.encode() + b"\n" + request.body).hexdigest()
+        reserved = self._reserve(scope, key, digest)
+        if isinstance(reserved, HttpResponse):
+            return reserved
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            self._release(reserved)
+            raise
+        # A server error may be retried with the same key; so may a request refused before it ran
+        # (401, 403: no credentials, a missing CSRF token or permission): replaying the refusal
+        # would make the key useless once the caller fixes that.
+        if response.status_code >= 500 or response.status_code in (401, 403) or response.streaming:
+            self._release(reserved)
+            return response
+        reserved.status_code = response.status_code
+        reserved.content_type = response.get("Content-Type", "application/json")
+        reserved.body = response.content
+        reserved.save(update_fields=["status_code", "content_type", "body"])
+        return response
+
+    def _reserve(self, scope: str, key: str, digest: str) -> IdempotencyRecord | HttpResponse:
+        """The new reservation of the key, or the answer for a key already taken."""
+        deadline = time.monotonic() + IN_PROGRESS_WAIT_SECONDS
+        while True:
             try:
                 with transaction.atomic():
-                    record = IdempotencyRecord.objects.create(scope=scope, key=key, request_sha256=digest)
+                    return IdempotencyRecord.objects.create(scope=scope, key=key, request_sha256=digest)
             except IntegrityError:
-                return self._replay(scope, key, digest)
-            response = self.get_response(request)
-            # A server error may be retried with the same key; so may a request refused before it ran
-            # (401, 403: no credentials, a missing CSRF token or permission): replaying the refusal
-            # would make the key useless once the caller fixes that.
-            if response.status_code >= 500 or response.status_code in (401, 403):
-                transaction.set_rollback(True)
-                return response
-            record.status_code = response.status_code
-            record.content_type = response.get("Content-Type", "application/json")
-            record.body = response.content
-            record.save(update_fields=["status_code", "content_type", "body"])
-            return response
+                pass
+            record = IdempotencyRecord.objects.filter(scope=scope, key=key).first()
+            if record is not None:
+                if record.request_sha256 != digest:
+                    return _error(422, "idempotency_key_reused",
+                                  "This Idempotency-Key was used with another request body.")
+                if record.status_code is not None:
+                    return self._replay(record)
+                if record.created_at < timezone.now() - STALE_AFTER:
+                    IdempotencyRecord.objects.filter(pk=record.pk, status_code__isnull=True).delete()
+                    continue
+            # Reserved by a request still running (or released a moment ago: try again).
+            if time.monotonic() >= deadline:
+                return _error(409, "idempotency_in_progress",
+                              "A request with this Idempotency-Key is still running; retry shortly.")
+            if record is not None:
+                _wait(POLL_SECONDS)
 
-    def _replay(self, scope: str, key: str, digest: str) -> HttpResponse:
-        record = IdempotencyRecord.objects.get(scope=scope, key=key)
-        if record.request_sha256 != digest:
-            return JsonResponse({"code": "idempotency_key_reused",
-                                 "message": "This Idempotency-Key was used with another request body.",
-                                 "details": {}}, status=422)
+    def _release(self, record: IdempotencyRecord) -> None:
+        IdempotencyRecord.objects.filter(pk=record.pk, status_code__isnull=True).delete()
+
+    def _replay(self, record: IdempotencyRecord) -> HttpResponse:
         response = HttpResponse(bytes(record.body), status=record.status_code or 200,
                                 content_type=record.content_type or "application/json")
         response["Idempotent-Replayed"] = "true"

@@ -38,3 +38,26 @@ class RequestSizeLimitMiddleware:
                                  "message": f"The request body is {length} bytes; the limit is {limit}.",
                                  "details": {"limit": limit}}, status=413)
         return self.get_response(request)
+
+
+class ApiErrorShapeMiddleware:
+    """An API error that never reached the API's handlers (an unknown path under /api/, a method
+    the path does not take) still leaves in the API's ``{"code", "message", "details"}`` shape."""
+
+    CODES = {404: ("not_found", "No such API endpoint."),
+             405: ("method_not_allowed", "This endpoint does not take that method.")}
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        shape = self.CODES.get(response.status_code)
+        if shape is None or not request.path.startswith("/api/") \
+                or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        code, message = shape
+        shaped = JsonResponse({"code": code, "message": message, "details": {}}, status=response.status_code)
+        if response.has_header("Allow"):
+            shaped["Allow"] = response["Allow"]
+        return shaped

@@ -8,9 +8,12 @@ calls, $AGENTOPS_GATEWAY_CONCURRENCY at once).
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -22,8 +25,6 @@ PY = sys.executable
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: float = 30) -> None:
     """Return once ``proc`` listens on ``port``; RuntimeError if it exits or stays silent."""
-    import socket
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -38,9 +39,6 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: floa
 
 def _wait_healthy(port: int, timeout: float = 60) -> None:
     """Print the URL only once /healthz says the worker answers too (it boots after daphne)."""
-    import urllib.error
-    import urllib.request
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

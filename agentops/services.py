@@ -1,6 +1,5 @@
 """API tokens: minted once, stored as a SHA-256, checked in constant time by lookup of the hash."""
 
-import hashlib
 import secrets
 from datetime import timedelta
 
@@ -10,13 +9,9 @@ from django.utils import timezone
 
 from agentops.domain import NotFound
 from agentops.models import ApiToken
+from agentops.selectors import TOKEN_PREFIX, api_token_get, token_sha256
 
-TOKEN_PREFIX = "aop_"
 LAST_USED_RESOLUTION = timedelta(seconds=60)
-
-
-def _hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
@@ -26,15 +21,14 @@ def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
     except get_user_model().DoesNotExist as exc:
         raise NotFound(f"No user {username!r}") from exc
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=_hash(token))
+    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=token_sha256(token))
     return row, token
 
 
 def api_token_authenticate(token: str) -> AbstractBaseUser | None:
-    if not token.startswith(TOKEN_PREFIX):
-        return None
-    row = ApiToken.objects.select_related("user").filter(token_sha256=_hash(token), revoked_at__isnull=True).first()
-    if row is None or not row.user.is_active:
+    """The user a token authenticates, recording when it was last used; None for a bad token."""
+    row = api_token_get(token)
+    if row is None:
         return None
     now = timezone.now()
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:

@@ -5,7 +5,12 @@ from django.urls import path
 from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
+from approvals_app.api import router as approvals_router
 from sessions_app import views as session_views
+from sessions_app.api import router as sessions_router
+
+api.add_router("", sessions_router)
+api.add_router("", approvals_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,7 +24,6 @@ urlpatterns = [
     path("sessions/new/", session_views.session_create_view, name="session_create"),
     path("sessions/<uuid:session_id>/", session_views.session_detail_view, name="session_detail"),
     path("sessions/<uuid:session_id>/timeline/", session_views.session_timeline_view, name="session_timeline"),
-    path("sessions/<uuid:session_id>/sidebar/", session_views.session_sidebar_view, name="session_sidebar"),
     path("sessions/<uuid:session_id>/turns/", session_views.turn_submit_view, name="turn_submit"),
     path("sessions/<uuid:session_id>/cancel/", session_views.session_cancel_view, name="session_cancel"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from agentops.admin import ReadOnlyAdmin
 from approvals_app.models import ApprovalGrant, ApprovalRequest
-from sessions_app.admin import ReadOnlyAdmin
 
 
 @admin.register(ApprovalRequest)

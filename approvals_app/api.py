@@ -2,19 +2,18 @@
 
 from typing import Any
 
-from django.http import HttpRequest
 from ninja import Router
 
-from agentops.domain import InvalidArguments, PermissionDenied
+from agentops.api import ERRORS
+from agentops.domain import InvalidArguments
+from agentops.http import AuthedRequest
+from agentops.pagination import get_paginated_response
+from agentops.permissions import VIEW_APPROVALS, require_perm
 from approvals_app import selectors, services
 from approvals_app.models import ApprovalRequest
 from approvals_app.schemas import ApprovalDecideIn, ApprovalOut, ApprovalPageOut
-from sessions_app.schemas import ErrorOut
 
 router = Router(tags=["approvals"])
-ERRORS: dict[int, type[ErrorOut]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut,
-                                     413: ErrorOut, 422: ErrorOut}
-VIEW = "approvals_app.view_approvalrequest"
 
 
 def approval_out(a: ApprovalRequest) -> dict[str, Any]:
@@ -31,35 +30,26 @@ def approval_out(a: ApprovalRequest) -> dict[str, Any]:
 
 
 @router.get("/approvals", response={200: ApprovalPageOut, **ERRORS})
-def approvals_list_api(request: HttpRequest, status: str | None = None, session: str | None = None,
+def approvals_list_api(request: AuthedRequest, status: str | None = None, session: str | None = None,
                        tool: str | None = None, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-    if not request.user.has_perm(VIEW):
-        raise PermissionDenied(f"You need the permission {VIEW}.")
+    require_perm(request.user, VIEW_APPROVALS)
     if status and status not in ApprovalRequest.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": ApprovalRequest.Status.values})
-    limit = max(1, min(limit, 200))
-    qs = selectors.approvals_list(status=status, session=session, tool=tool)
-    if cursor:
-        if not cursor.isdigit():
-            raise InvalidArguments("Invalid cursor", details={"field": "cursor"})
-        qs = qs.filter(id__lt=int(cursor))
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"items": [approval_out(a) for a in rows], "next_cursor": str(rows[-1].id) if more and rows else None}
+    return get_paginated_response(queryset=selectors.approvals_list(status=status, session=session, tool=tool),
+                                  cursor=cursor, limit=limit, serialize=approval_out)
 
 
 @router.get("/approvals/{request_id}", response={200: ApprovalOut, **ERRORS})
-def approval_get_api(request: HttpRequest, request_id: str) -> dict[str, Any]:
-    if not request.user.has_perm(VIEW):
-        raise PermissionDenied(f"You need the permission {VIEW}.")
+def approval_get_api(request: AuthedRequest, request_id: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_APPROVALS)
     return approval_out(selectors.approval_get(request_id))
 
 
 @router.post("/approvals/{request_id}/decision", response={200: ApprovalOut, **ERRORS})
-def approval_decide_api(request: HttpRequest, request_id: str, payload: ApprovalDecideIn) -> dict[str, Any]:
+def approval_decide_api(request: AuthedRequest, request_id: str, payload: ApprovalDecideIn) -> dict[str, Any]:
+    # approval_decide checks the reviewer's permission (and four-eyes) itself.
     approval = services.approval_decide(
-        request_id=selectors.approval_get(request_id).request_id, actor=request.user,  # type: ignore[arg-type]
+        request_id=selectors.approval_get(request_id).request_id, actor=request.user,
         decision=payload.decision, reason=payload.reason, seen_hash=payload.arguments_sha256,
         arguments=payload.arguments, remember=payload.remember)
     return approval_out(selectors.approval_get(approval.request_id))

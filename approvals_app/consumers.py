@@ -14,26 +14,30 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentops.permissions import VIEW_APPROVALS, has_perm
+from sessions_app import selectors
 from sessions_app.announce import APPROVALS_GROUP
 from sessions_app.fragments import render_event_fragments
-from sessions_app.models import Event
 
-VIEW_PERMISSION = "approvals_app.view_approvalrequest"
 # An event is stamped inside its transaction, before it commits: look back a little further.
 COMMIT_SKEW = timedelta(seconds=30)
-BACKLOG_LIMIT = 1000
+BACKLOG_PAGE = 500
+Position = tuple[datetime, int]  # (created_at, id) of the last event sent
 
 
-def load_approval_events(since: datetime) -> list[dict[str, Any]]:
-    rows = (Event.objects.filter(type__startswith="approval.", created_at__gte=since - COMMIT_SKEW)
-            .order_by("created_at", "seq")[:BACKLOG_LIMIT])
+def load_approval_events(since: datetime,
+                         after: Position | None = None) -> tuple[list[dict[str, Any]], Position | None]:
+    """A page of the approval events stamped since ``since`` (after ``after``), each with its
+    fragment, and where the next page starts."""
+    rows = selectors.events_since(type_prefix="approval.", since=since - COMMIT_SKEW, limit=BACKLOG_PAGE, after=after)
     events = [e.as_dict() for e in rows]
-    return [{"type": "event", "event": event, "html": html}
-            for event, html in zip(events, render_event_fragments(events), strict=True)]
+    messages = [{"type": "event", "event": event, "html": html}
+                for event, html in zip(events, render_event_fragments(events), strict=True)]
+    return messages, ((rows[-1].created_at, rows[-1].id) if rows else after)
 
 
 def _may_view(user: Any) -> bool:
-    return bool(user.has_perm(VIEW_PERMISSION))
+    return has_perm(user, VIEW_APPROVALS)
 
 
 class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
@@ -62,8 +66,13 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         since = parse_datetime(str(content.get("since") or "")) or timezone.now()
         if timezone.is_naive(since):
             since = since.replace(tzinfo=UTC)
-        for message in await database_sync_to_async(load_approval_events)(since):
-            await self.send_json(message)
+        position: Position | None = None
+        while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
+            messages, position = await database_sync_to_async(load_approval_events)(since, position)
+            for message in messages:
+                await self.send_json(message)
+            if len(messages) < BACKLOG_PAGE:
+                break
         self.ready = True
 
     async def event_message(self, message: dict[str, Any]) -> None:

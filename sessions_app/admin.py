@@ -1,22 +1,7 @@
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
+from agentops.admin import ReadOnlyAdmin
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """An audit trail: visible, never edited or deleted from the admin."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(AgentProfile)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.db import close_old_connections, connection
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,6 @@ def announce_event(event: dict[str, Any]) -> bool:
 
 
 def _run() -> None:
-    from django.db import close_old_connections, connection
-
     while True:
         try:
             first = _pending.get(timeout=1.0)

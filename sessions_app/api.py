@@ -1,29 +1,23 @@
 """Sessions, turns, events, artifacts, agents and tools: the integration API."""
 
-import asyncio
-import base64
-import json
-from collections.abc import AsyncIterator
-from datetime import datetime
-from pathlib import Path
 from typing import Any
-from uuid import UUID
 
-from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
-from django.http import FileResponse, HttpRequest, StreamingHttpResponse
+from django.http import FileResponse, StreamingHttpResponse
 from ninja import Query, Router
 from ninja.responses import Status
 
-from agentops.domain import InvalidArguments, NotFound, PermissionDenied
-from sessions_app import announce, selectors
+from agentops.api import ERRORS
+from agentops.domain import InvalidArguments
+from agentops.http import AuthedRequest
+from agentops.pagination import get_paginated_response
+from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, require_perm
+from sessions_app import selectors, streams
+from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
     AgentOut,
     ArtifactOut,
-    ErrorOut,
-    EventOut,
     EventPageOut,
     SessionCreatedOut,
     SessionCreateIn,
@@ -36,18 +30,9 @@ from sessions_app.schemas import (
     TurnDetailOut,
     TurnOut,
 )
+from tools_app.selectors import tool_definitions_enabled
 
 router = Router(tags=["sessions"])
-ERRORS: dict[int, type[ErrorOut]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut,
-                                     413: ErrorOut, 422: ErrorOut}
-OPERATE = "sessions_app.operate_agentsession"
-VIEW = "sessions_app.view_agentsession"
-HEARTBEAT_SECONDS = 15.0
-
-
-def _require(request: HttpRequest, perm: str) -> None:
-    if not request.user.has_perm(perm):
-        raise PermissionDenied(f"You need the permission {perm}.")
 
 
 def session_out(s: AgentSession) -> dict[str, Any]:
@@ -63,83 +48,59 @@ def session_out(s: AgentSession) -> dict[str, Any]:
     }
 
 
-def _encode_cursor(created_at: datetime, pk: UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{pk}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        created, pk = raw.split("|", 1)
-        return datetime.fromisoformat(created), UUID(pk)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArguments("Invalid cursor", details={"field": "cursor"}) from exc
-
-
 @router.post("/sessions", response={201: SessionCreatedOut, **ERRORS})
-def session_start_api(request: HttpRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
-    _require(request, OPERATE)
+def session_start_api(request: AuthedRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
+    require_perm(request.user, OPERATE_SESSIONS)
     agent = selectors.agent_get(payload.agent)
     session, turn = engine.session_start(
-        agent=agent, owner=request.user,  # type: ignore[arg-type]
-        input=payload.input or "", title=payload.title or "", pinned=payload.pinned, budget=payload.budget,
-        metadata=payload.metadata, idempotency_key=request.headers.get("Idempotency-Key", ""))
+        agent=agent, owner=request.user, input=payload.input or "", title=payload.title or "",
+        pinned=payload.pinned, budget=payload.budget, metadata=payload.metadata,
+        idempotency_key=request.headers.get("Idempotency-Key", ""))
     return Status(201, {**session_out(session), "turn": turn})  # the rows as written: no read back
 
 
 @router.get("/sessions", response={200: SessionPageOut, **ERRORS})
-def sessions_list_api(request: HttpRequest, status: str | None = None, agent: str | None = None,
+def sessions_list_api(request: AuthedRequest, status: str | None = None, agent: str | None = None,
                       q: str | None = None, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-    _require(request, VIEW)
+    require_perm(request.user, VIEW_SESSIONS)
     if status and status not in AgentSession.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": AgentSession.Status.values})
-    limit = max(1, min(limit, 200))
-    qs = selectors.sessions_list(status=status, agent=agent, q=q)
-    if cursor:
-        created, pk = _decode_cursor(cursor)
-        from django.db.models import Q
-
-        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk))
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"items": [session_out(s) for s in rows],
-            "next_cursor": _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None}
+    return get_paginated_response(queryset=selectors.sessions_list(status=status, agent=agent, q=q),
+                                  cursor=cursor, limit=limit, serialize=session_out)
 
 
 @router.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS})
-def session_get_api(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    _require(request, VIEW)
+def session_get_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     return session_out(selectors.session_get(session_id))
 
 
 @router.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS})
-def session_cancel_api(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    _require(request, OPERATE)
+def session_cancel_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
+    require_perm(request.user, OPERATE_SESSIONS)
     selectors.session_get(session_id)
-    engine.session_cancel(session_id=session_id, actor=request.user)  # type: ignore[arg-type]
+    engine.session_cancel(session_id=session_id, actor=request.user)
     return session_out(selectors.session_get(session_id))
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})
-def turn_submit_api(request: HttpRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
-    _require(request, OPERATE)
+def turn_submit_api(request: AuthedRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
+    require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_get(session_id)
-    turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,  # type: ignore[arg-type]
+    turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,
                               idempotency_key=request.headers.get("Idempotency-Key", ""))
     return Status(201, turn)
 
 
 @router.get("/sessions/{session_id}/turns", response={200: list[TurnOut], **ERRORS})
-def turns_list_api(request: HttpRequest, session_id: str) -> list[Turn]:
-    _require(request, VIEW)
-    session = selectors.session_get(session_id)
-    return list(Turn.objects.filter(session=session).order_by("index"))
+def turns_list_api(request: AuthedRequest, session_id: str) -> list[Turn]:
+    require_perm(request.user, VIEW_SESSIONS)
+    return selectors.turns_of_session(selectors.session_get(session_id).id)
 
 
 @router.get("/turns/{turn_id}", response={200: TurnDetailOut, **ERRORS})
-def turn_get_api(request: HttpRequest, turn_id: str) -> dict[str, Any]:
-    _require(request, VIEW)
+def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     turn = selectors.turn_get(turn_id)
     data = TurnOut.from_orm(turn).dict()
     data["steps"] = [StepOut.from_orm(s).dict() for s in selectors.turn_steps(turn.id)]
@@ -147,101 +108,54 @@ def turn_get_api(request: HttpRequest, turn_id: str) -> dict[str, Any]:
 
 
 @router.get("/sessions/{session_id}/events", response={200: EventPageOut, **ERRORS})
-def events_list_api(request: HttpRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
-    _require(request, VIEW)
+def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     limit = max(1, min(limit, 1000))
     items = selectors.events_after(session_id=session.id, after=max(0, after), limit=limit)
     return {"items": items, "next_after": items[-1].seq if items else max(0, after)}
 
 
-def _sse(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, default=str)}\n\n"
-
-
-async def _event_stream(session_id: UUID, after: int, max_seconds: float | None) -> AsyncIterator[str]:
-    """Backlog from the database, then live events from the channel layer; gaps re-read."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer else None
-    group = announce.session_group(session_id)
-    if layer and channel:
-        await layer.group_add(group, channel)  # join before reading the backlog: nothing slips between
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max_seconds if max_seconds else None
-    last = after
-    try:
-        yield ": connected\n\n"
-        backlog = await sync_to_async(selectors.events_after)(session_id=session_id, after=last, limit=10_000)
-        for ev in backlog:
-            last = ev.seq
-            yield _sse(ev.as_dict())
-        while deadline is None or loop.time() < deadline:
-            timeout = HEARTBEAT_SECONDS if deadline is None else min(HEARTBEAT_SECONDS, deadline - loop.time())
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
-            except TimeoutError:
-                yield ": heartbeat\n\n"
-                continue
-            event = message.get("event") or {}
-            seq = int(event.get("seq", 0))
-            if seq <= last:
-                continue  # already sent (backlog overlap)
-            if seq > last + 1:  # the channel layer dropped something: read the gap
-                missing = await sync_to_async(selectors.events_after)(session_id=session_id, after=last,
-                                                                      until=seq - 1, limit=10_000)
-                for ev in missing:
-                    last = ev.seq
-                    yield _sse(ev.as_dict())
-            last = seq
-            yield _sse(event)
-    finally:
-        if layer and channel:
-            await layer.group_discard(group, channel)
-
-
 @router.get("/sessions/{session_id}/events/stream", response={200: None, **ERRORS})
-def events_stream_api(request: HttpRequest, session_id: str, after: int | None = None,
+def events_stream_api(request: AuthedRequest, session_id: str, after: int | None = None,
                       max_seconds: float | None = Query(None, description="Close after this long (tests).")
                       ) -> StreamingHttpResponse:
-    _require(request, VIEW)
+    """Server-Sent Events: the backlog after ``after`` (else ``Last-Event-ID``, else 0), then live
+    events, each once and in seq order (``sessions_app/streams.py``)."""
+    require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
-    last_event_id = request.headers.get("Last-Event-ID")
-    start = after if after is not None else int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
-    response = StreamingHttpResponse(_event_stream(session.id, start, max_seconds), content_type="text/event-stream")
+    last_event_id = request.headers.get("Last-Event-ID", "")
+    start = after if after is not None else int(last_event_id) if last_event_id.isdigit() else 0
+    response = StreamingHttpResponse(streams.event_stream(session.id, start, max_seconds=max_seconds),
+                                     content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
 
 
 @router.post("/sessions/{session_id}/tool-outputs", response={200: StepOut, **ERRORS})
-def tool_output_submit_api(request: HttpRequest, session_id: str, payload: ToolOutputIn) -> Any:
-    _require(request, OPERATE)
+def tool_output_submit_api(request: AuthedRequest, session_id: str, payload: ToolOutputIn) -> Any:
+    require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_get(session_id)
     return engine.tool_output_submit(session_id=session.id, call_id=payload.call_id, output=payload.output,
                                      success=payload.success)
 
 
 @router.get("/sessions/{session_id}/artifacts", response={200: list[ArtifactOut], **ERRORS})
-def artifacts_list_api(request: HttpRequest, session_id: str) -> Any:
-    _require(request, VIEW)
-    session = selectors.session_get(session_id)
-    return list(session.artifacts.order_by("created_at"))
+def artifacts_list_api(request: AuthedRequest, session_id: str) -> Any:
+    require_perm(request.user, VIEW_SESSIONS)
+    return selectors.artifacts_of_session(selectors.session_get(session_id).id)
 
 
 @router.get("/artifacts/{artifact_id}/content", response={200: None, **ERRORS})
-def artifact_content_api(request: HttpRequest, artifact_id: str) -> FileResponse:
-    _require(request, VIEW)
-    artifact = selectors.artifact_get(artifact_id)
-    path = Path(artifact.storage_path)
-    if not path.is_file():
-        raise NotFound("The artifact's content is missing from storage.")
-    return FileResponse(path.open("rb"), as_attachment=True, filename=Path(artifact.path).name,
-                        content_type=artifact.content_type)
+def artifact_content_api(request: AuthedRequest, artifact_id: str) -> FileResponse:
+    require_perm(request.user, VIEW_SESSIONS)
+    return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id))
 
 
 @router.get("/agents", response={200: list[AgentOut], **ERRORS})
-def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
-    _require(request, VIEW)
+def agents_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
+    require_perm(request.user, VIEW_SESSIONS)
     return [{"slug": a.slug, "name": a.name, "model": a.model, "tools": [t.name for t in a.tools.all()],
              "budget": {"max_tool_calls": a.max_tool_calls, "max_model_calls": a.max_model_calls,
                         "max_tokens": a.max_tokens, "max_wall_seconds": a.max_wall_seconds}}
@@ -249,11 +163,6 @@ def agents_list_api(request: HttpRequest) -> list[dict[str, Any]]:
 
 
 @router.get("/tools", response={200: list[ToolOut], **ERRORS})
-def tools_list_api(request: HttpRequest) -> Any:
-    from tools_app.selectors import tool_definitions_enabled
-
-    _require(request, "tools_app.view_tooldefinition")
+def tools_list_api(request: AuthedRequest) -> Any:
+    require_perm(request.user, VIEW_TOOLS)
     return list(tool_definitions_enabled())
-
-
-__all__ = ["EventOut", "router"]

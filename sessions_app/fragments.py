@@ -2,25 +2,30 @@
 
 A fragment is a list of ``<template data-op=… data-target=…>`` instructions that static/js/live.js
 applies to whatever page is open: ``upsert`` (replace the element ``data-id`` or insert it into the
-target), ``replace`` (the target element), ``remove`` (the element ``data-id``), ``append-text`` and
-``set-text`` (a streaming answer). Targets absent from the page are skipped, so one fragment serves
-the session timeline, the approval queue and the decision page. The content comes from the same
-template partials the pages render.
+target), ``replace`` (the target element; skipped when the page already shows a newer copy, by
+``data-seq``), ``remove`` (the element ``data-id``) and ``append-text`` (a streaming answer).
+Targets absent from the page are skipped, so one fragment serves the session timeline, the
+approval queue and the decision page. The content comes from the same template partials the pages
+render, built from the same view models (``presenters``).
 """
 
-from collections.abc import Iterable
+import re
 from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
-from sessions_app import dashboard
-from sessions_app.models import Step, Turn
+from approvals_app import selectors as approval_selectors
+from sessions_app import presenters, selectors
+from sessions_app.models import Turn
 
 STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
+# Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
+SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
+                           r"|budget\.|session\.status_changed$)")
 
 
 def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
@@ -31,35 +36,49 @@ def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = 
 
 
 def render_event_fragment(event: dict[str, Any]) -> str:
-    """The fragment of one stored event (``Event.as_dict()``); at most four queries, none for deltas."""
+    """The fragment of one stored event (``Event.as_dict()``)."""
     return render_event_fragments([event])[0]
 
 
 def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
-    """Fragments of many events with their rows fetched in bulk (a reconnect backlog)."""
+    """Fragments of many events with their rows fetched in bulk: at most five queries (steps, their
+    approvals, turns, queue items, the sidebar's sessions), none for deltas.
+
+    The sidebar is rendered once per session per call, from the session row as it is now, and rides
+    on that session's last event here that changes it: a batch of a hundred tool events costs one
+    sidebar, and the page never re-fetches it.
+    """
     step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
     turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
     request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] == "approval.requested"}
     steps = _step_views(step_ids)
-    turns = ({str(t.id): t for t in Turn.objects.filter(pk__in=turn_ids).select_related("created_by")}
-             if turn_ids else {})
-    approvals = dashboard.approvals_by_request_id(r for r in request_ids if r)
-    return [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    turns = selectors.turns_by_id(turn_ids)
+    approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
+    htmls = [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    sidebar_at = {str(e["session_id"]): i for i, e in enumerate(events) if SIDEBAR_TYPES.match(e["type"])}
+    sessions = selectors.sessions_by_id(sidebar_at)
+    for session_id, i in sidebar_at.items():
+        session = sessions.get(session_id)
+        if session is not None:
+            html = render_to_string("dashboard/_sidebar.html",
+                                    presenters.sidebar_context(session, can_operate=False, live=True))
+            htmls[i] += _op("replace", "#sidebar", html, seq=int(events[i]["seq"]))
+    return htmls
 
 
 def _is_step_event(event: dict[str, Any]) -> bool:
     return event["type"] != "model.delta" and event["type"].startswith(STEP_PREFIXES)
 
 
-def _step_views(step_ids: Iterable[Any]) -> dict[str, dashboard.StepView]:
-    ids = list(step_ids)
-    if not ids:
+def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
+    steps = selectors.steps_by_id(step_ids)
+    if not steps:
         return {}
-    steps = list(Step.objects.filter(pk__in=ids))
-    return {str(v.step.id): v for v in dashboard.step_views(steps)}
+    approvals = approval_selectors.latest_approval_by_step(s.id for s in steps)
+    return {str(v.step.id): v for v in presenters.step_views(steps, approvals=approvals)}
 
 
-def _render(event: dict[str, Any], *, steps: dict[str, dashboard.StepView], turns: dict[str, Turn],
+def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], turns: dict[str, Turn],
             approvals: dict[str, Any]) -> str:
     etype, seq = event["type"], int(event["seq"])
     payload = event.get("payload") or {}
@@ -71,7 +90,7 @@ def _render(event: dict[str, Any], *, steps: dict[str, dashboard.StepView], turn
         html = render_to_string("dashboard/_session_status.html", {"status": payload.get("status", "")})
         ops.append(_op("replace", "#session-status", html, seq=seq))
     elif etype in TURN_TYPES and turn_id and str(turn_id) in turns:
-        tv = dashboard.TurnView(turn=turns[str(turn_id)], seq=seq)
+        tv = presenters.TurnView(turn=turns[str(turn_id)], seq=seq)
         if etype == "turn.queued":
             html = render_to_string("dashboard/_turn.html", {"tv": tv})
             ops.append(_op("upsert", "#timeline", html, seq=seq, dom_id=tv.dom_id))

@@ -136,9 +136,3 @@ class AgentOut(Schema):
     model: str
     tools: list[str]
     budget: dict[str, int | None]
-
-
-class ErrorOut(Schema):
-    code: str
-    message: str
-    details: dict[str, Any]

@@ -1,12 +1,35 @@
-"""Reads for sessions, turns, steps, events and artifacts."""
+"""Reads for sessions, turns, steps, events and artifacts.
+
+Every read of the interfaces (API, pages, consumers, fragments, tasks) comes through here. Each
+function runs a fixed number of queries whatever the number of rows: lists paginate, relations
+are fetched in bulk.
+"""
 
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from agentops.domain import NotFound
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _uuids(values: Iterable[Any]) -> list[uuid.UUID]:
+    return [key for key in map(_uuid, values) if key is not None]
 
 
 def _get(qs: QuerySet[Any], pk: Any, what: str) -> Any:
@@ -16,34 +39,27 @@ def _get(qs: QuerySet[Any], pk: Any, what: str) -> Any:
         raise NotFound(f"No {what} {pk}") from exc
 
 
+# --- sessions ------------------------------------------------------------------------------
+
 def session_get(session_id: Any) -> AgentSession:
+    """The session with its agent and owner; NotFound for an unknown or malformed id."""
     return _get(AgentSession.objects.select_related("agent", "owner"), session_id, "session")
 
 
-def turn_get(turn_id: Any) -> Turn:
-    return _get(Turn.objects.select_related("session"), turn_id, "turn")
+def session_exists(session_id: Any) -> bool:
+    key = _uuid(session_id)
+    return key is not None and AgentSession.objects.filter(pk=key).exists()
 
 
-def artifact_get(artifact_id: Any) -> Artifact:
-    return _get(Artifact.objects.select_related("session"), artifact_id, "artifact")
-
-
-def agent_get(slug: str) -> AgentProfile:
-    try:
-        return AgentProfile.objects.get(slug=slug)
-    except AgentProfile.DoesNotExist as exc:
-        raise NotFound(f"No agent {slug!r}", details={"field": "agent"}) from exc
-
-
-def agents_enabled() -> QuerySet[AgentProfile]:
-    return AgentProfile.objects.filter(enabled=True).prefetch_related("tools")
+def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
+    """Sessions by their id as text, one query (none for no ids)."""
+    keys = _uuids(session_ids)
+    return {str(s.id): s for s in AgentSession.objects.filter(pk__in=keys)} if keys else {}
 
 
 def sessions_list(*, status: str | None = None, agent: str | None = None, owner: str | None = None,
                   q: str | None = None) -> QuerySet[AgentSession]:
     """Newest first; ``q`` searches titles and turn inputs."""
-    from django.db.models import Exists, OuterRef, Q
-
     qs = AgentSession.objects.select_related("agent", "owner").order_by("-created_at", "-id")
     if status:
         qs = qs.filter(status=status)
@@ -58,21 +74,175 @@ def sessions_list(*, status: str | None = None, agent: str | None = None, owner:
     return qs
 
 
-def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: int | None = None) -> list[Event]:
-    qs = Event.objects.filter(session_id=session_id, seq__gt=after)
-    if until is not None:
-        qs = qs.filter(seq__lte=until)
-    return list(qs.order_by("seq")[:limit])
+def sessions_page(*, status: str = "", agent: str = "", owner: str = "", q: str = "",
+                  page: int | str = 1, per_page: int = 25) -> Page[AgentSession]:
+    """A page of ``sessions_list``. Two queries (count, page)."""
+    return Paginator(sessions_list(status=status, agent=agent, owner=owner, q=q), per_page).get_page(page)
+
+
+def session_owners() -> list[User]:
+    """Everyone who owns a session, by username (a filter's choices)."""
+    owners = AgentSession.objects.order_by().values("owner_id")
+    return list(User.objects.filter(pk__in=owners).order_by("username"))
+
+
+def session_status_counts() -> dict[str, int]:
+    """How many sessions are in each status (every status present, 0 when none). One query."""
+    counts = dict.fromkeys(AgentSession.Status.values, 0)
+    for row in AgentSession.objects.order_by().values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def sessions_stuck(*, now: datetime, quiet_for: timedelta, limit: int = 10) -> list[AgentSession]:
+    """Sessions in progress with no event for ``quiet_for``, the quietest first."""
+    return list(AgentSession.objects.filter(status=AgentSession.Status.IN_PROGRESS,
+                                            last_event_at__lt=now - quiet_for)
+                .select_related("agent").order_by("last_event_at")[:limit])
+
+
+def sessions_recent(*, limit: int = 8) -> list[AgentSession]:
+    """The sessions with the latest events."""
+    return list(AgentSession.objects.select_related("agent", "owner")
+                .order_by("-last_event_at", "-created_at")[:limit])
+
+
+# --- agents --------------------------------------------------------------------------------
+
+def agent_get(slug: str) -> AgentProfile:
+    try:
+        return AgentProfile.objects.get(slug=slug)
+    except AgentProfile.DoesNotExist as exc:
+        raise NotFound(f"No agent {slug!r}", details={"field": "agent"}) from exc
+
+
+def agents_enabled() -> QuerySet[AgentProfile]:
+    return AgentProfile.objects.filter(enabled=True).prefetch_related("tools")
+
+
+def agents_all() -> list[AgentProfile]:
+    """Every agent profile, enabled or not, by name (a filter's choices)."""
+    return list(AgentProfile.objects.order_by("name"))
+
+
+# --- turns and steps -----------------------------------------------------------------------
+
+def turn_get(turn_id: Any) -> Turn:
+    return _get(Turn.objects.select_related("session"), turn_id, "turn")
+
+
+def turns_of_session(session_id: Any) -> list[Turn]:
+    """Every turn of a session, in order."""
+    return list(Turn.objects.filter(session_id=session_id).order_by("index"))
+
+
+def turns_by_id(turn_ids: Iterable[Any]) -> dict[str, Turn]:
+    """Turns (with who created them) by their id as text, one query (none for no ids)."""
+    keys = _uuids(turn_ids)
+    return ({str(t.id): t for t in Turn.objects.filter(pk__in=keys).select_related("created_by")}
+            if keys else {})
+
+
+def timeline_turns(session_id: Any, *, before: int | None = None, per_page: int = 5) -> tuple[list[Turn], bool]:
+    """The last ``per_page`` turns of a session (before turn index ``before``), oldest first, and
+    whether earlier turns exist. One query."""
+    qs = Turn.objects.filter(session_id=session_id).select_related("created_by")
+    if before is not None:
+        qs = qs.filter(index__lt=before)
+    turns = list(qs.order_by("-index")[:per_page + 1])
+    return sorted(turns[:per_page], key=lambda t: t.index), len(turns) > per_page
 
 
 def turn_steps(turn_id: Any) -> list[Step]:
     return list(Step.objects.filter(turn_id=turn_id).order_by("index"))
 
 
+def steps_of_turns(turn_ids: Iterable[Any]) -> list[Step]:
+    """The steps of these turns, in order within each turn. One query (none for no ids)."""
+    keys = list(turn_ids)
+    return list(Step.objects.filter(turn_id__in=keys).order_by("index")) if keys else []
+
+
+def steps_by_id(step_ids: Iterable[Any]) -> list[Step]:
+    keys = _uuids(step_ids)
+    return list(Step.objects.filter(pk__in=keys)) if keys else []
+
+
+def streamed_texts(session_id: Any, step_ids: Iterable[Any]) -> dict[Any, tuple[str, int]]:
+    """For running model steps: the text streamed so far (their ``model.delta`` events) and the
+    seq of the last delta, by step id. One query (none for no steps)."""
+    keys = list(step_ids)
+    if not keys:
+        return {}
+    rows = (Event.objects.filter(session_id=session_id, step_id__in=keys, type="model.delta",
+                                 step__status=Step.Status.RUNNING)
+            .order_by("seq").values_list("step_id", "seq", "payload"))
+    texts: dict[Any, list[str]] = {}
+    last_seq: dict[Any, int] = {}
+    for step_id, seq, payload in rows:
+        texts.setdefault(step_id, []).append(str((payload or {}).get("text", "")))
+        last_seq[step_id] = seq
+    return {step_id: ("".join(parts), last_seq[step_id]) for step_id, parts in texts.items()}
+
+
 def turn_id_of_step(step_id: Any) -> uuid.UUID | None:
     """The turn a step belongs to, or None for an unknown step."""
-    try:
-        key = uuid.UUID(str(step_id))
-    except ValueError:
+    key = _uuid(step_id)
+    if key is None:
         return None
     return Step.objects.filter(pk=key).values_list("turn_id", flat=True).first()
+
+
+# --- events --------------------------------------------------------------------------------
+
+def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: int | None = None) -> list[Event]:
+    """A session's events with ``after < seq <= until``, in seq order, at most ``limit``."""
+    qs = Event.objects.filter(session_id=session_id, seq__gt=after)
+    if until is not None:
+        qs = qs.filter(seq__lte=until)
+    return list(qs.order_by("seq")[:limit])
+
+
+def events_since(*, type_prefix: str, since: datetime, limit: int,
+                 after: tuple[datetime, int] | None = None) -> list[Event]:
+    """Events of every session whose type starts with ``type_prefix``, stamped at or after
+    ``since``, oldest first (by ``created_at``, then ``id``), at most ``limit``; the next page
+    starts ``after`` the (created_at, id) of the last event of the previous one."""
+    qs = Event.objects.filter(type__startswith=type_prefix, created_at__gte=since)
+    if after is not None:
+        qs = qs.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
+    return list(qs.order_by("created_at", "id")[:limit])
+
+
+# --- artifacts -----------------------------------------------------------------------------
+
+def artifact_get(artifact_id: Any) -> Artifact:
+    return _get(Artifact.objects.select_related("session"), artifact_id, "artifact")
+
+
+def artifacts_of_session(session_id: Any, *, newest_first: bool = False, limit: int | None = None) -> list[Artifact]:
+    qs = Artifact.objects.filter(session_id=session_id).order_by("-created_at" if newest_first else "created_at")
+    return list(qs[:limit] if limit is not None else qs)
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    artifact: Artifact
+    path: Path  # resolved, inside the artifact root, a regular file
+
+
+def artifact_file_get(*, artifact_id: Any, session_id: Any = None) -> ArtifactFile:
+    """An artifact (of ``session_id`` when given) and its stored file.
+
+    NotFound for an unknown artifact, and for a file that is missing or resolves outside
+    AGENTOPS_ARTIFACT_ROOT (a row pointing elsewhere must not serve the server's files).
+    """
+    qs = Artifact.objects.all()
+    if session_id is not None:
+        qs = qs.filter(session_id=_uuid(session_id))
+    artifact: Artifact = _get(qs, artifact_id, "artifact")
+    root = Path(settings.AGENTOPS_ARTIFACT_ROOT).resolve()
+    path = (root / artifact.storage_path).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise NotFound("The artifact's content is missing from storage.")
+    return ArtifactFile(artifact=artifact, path=path)

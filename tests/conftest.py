@@ -5,16 +5,33 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connections
 
 from scripted_model.server import ScriptedModelServer
 from tests import factories
 from tests.helpers import ROOT, WorkerFactory, database_url
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    """Factories set a password on every user: hash it cheaply."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+async def close_thread_connections() -> AsyncIterator[None]:
+    """For consumer tests (``usefixtures``): close the ORM's connection in asgiref's thread, whose
+    kept-alive connection would otherwise block dropping the test database."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 @pytest.fixture(autouse=True)

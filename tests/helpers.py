@@ -1,5 +1,6 @@
-"""Helpers shared by the tests: scripts for the scripted model, waiting on the engine, the
-database URL for worker subprocesses, and finding sandboxed processes."""
+"""Helpers shared by the tests: clients (the API with a Bearer token, a logged-in browser, a
+WebSocket), scripts for the scripted model, waiting on the engine, the database URL for worker
+subprocesses, and finding sandboxed processes."""
 
 import json
 import subprocess
@@ -8,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
+from django.utils import timezone
 
+from agentops.models import ApiToken
+from agentops.services import api_token_create
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import Event, Turn
 from tests.waiting import wait_for
@@ -17,6 +25,42 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 # worker_process(kind="worker" | "gateway", failpoint=..., beat=..., marker=...) -> the process
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
+
+
+def api_token(user: User) -> str:
+    """A new API token of ``user``."""
+    return api_token_create(username=user.username)[1]
+
+
+def api_client(user: User, **client_kwargs: Any) -> Client:
+    """A test client that authenticates every request with a Bearer token of ``user``, a token in
+    use (its last_used_at is fresh, so no request of the test writes it)."""
+    client = Client(headers={"Authorization": f"Bearer {api_token(user)}"}, **client_kwargs)
+    ApiToken.objects.filter(user=user).update(last_used_at=timezone.now())
+    return client
+
+
+def login(user: User) -> Client:
+    """A test client logged in as ``user`` (a browser session)."""
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@database_sync_to_async
+def cookie_for(user: User) -> bytes:
+    """The Cookie header of a logged-in browser of ``user``."""
+    return f"sessionid={login(user).cookies['sessionid'].value}".encode()
+
+
+async def ws_communicator(path: str, user: User | None) -> WebsocketCommunicator:
+    """A WebSocket client of the ASGI application, from our origin, logged in as ``user`` (or anonymous)."""
+    from agentops.asgi import application
+
+    headers = [(b"origin", b"http://testserver")]
+    if user is not None:
+        headers.append((b"cookie", await cookie_for(user)))
+    return WebsocketCommunicator(application, path, headers=headers)
 
 
 def script(*lines: str) -> str:

@@ -5,6 +5,7 @@ from django.db.models.signals import post_migrate
 
 
 def _seed_builtin_tools(sender: AppConfig, **kwargs: Any) -> None:
+    # apps.py is imported before the app registry is ready: models (and services) only from here.
     from tools_app.services import tool_definitions_seed
 
     tool_definitions_seed()  # creates missing rows only: admin edits survive every migrate

@@ -4,12 +4,26 @@ from typing import Any
 
 from django import template
 
-from sessions_app.dashboard import pretty_json as _pretty_json
+from approvals_app.models import ApprovalStatus
+from sessions_app.models import SessionStatus, StepStatus, TurnStatus
+from sessions_app.presenters import pretty_json as _pretty_json
 
 register = template.Library()
+
+# One label per status value, from the models' choices. A value shared by several models has the
+# same label in each (awaiting_approval, failed, cancelled, …).
+STATUS_LABELS: dict[str, str] = {str(value): str(label) for choices in (SessionStatus, TurnStatus, StepStatus,
+                                                                        ApprovalStatus)
+                                 for value, label in choices.choices}
 
 
 @register.filter
 def pretty_json(value: Any) -> str:
     """Indented JSON as text; the template escapes it like any other string."""
     return _pretty_json(value)
+
+
+@register.filter
+def status_label(value: Any) -> str:
+    """The human label of a session, turn, step or approval status; an unknown value as is."""
+    return STATUS_LABELS.get(str(value), str(value))

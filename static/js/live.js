@@ -3,7 +3,9 @@
  * The server sends {type: "event", event: {seq, type, session_id, ...}, html}. The html is a list
  * of <template data-op data-target [data-id] data-seq> instructions (sessions_app/fragments.py).
  * Session pages: apply events strictly in seq order; drop duplicates; on a gap, buffer and ask
- * the server for the missing range. Reconnect with backoff and say the last seq rendered.
+ * the server for the missing range. Reconnect with backoff and say the last seq rendered, which
+ * the page also shows as [data-live]@data-last-seq. What an event changes arrives with it (the
+ * sidebar too, as a "replace #sidebar" op): the page fetches nothing.
  * No inline scripts (CSP script-src 'self'): everything lives in this file.
  */
 (function () {
@@ -27,6 +29,18 @@
     return true;
   }
 
+  // A replaced part keeps what the user was typing in it (the sidebar's next input).
+  function keepTyping(old, fresh) {
+    var fields = old.querySelectorAll("textarea[name], input[type=text][name]");
+    for (var i = 0; i < fields.length; i++) {
+      if (!fields[i].value) continue;
+      var twin = fresh.querySelector(fields[i].tagName.toLowerCase() + '[name="' + fields[i].name + '"]');
+      if (!twin) continue;
+      twin.value = fields[i].value;
+      if (document.activeElement === fields[i]) twin.setAttribute("data-refocus", "");
+    }
+  }
+
   function applyOp(tpl) {
     var op = tpl.getAttribute("data-op");
     var target = tpl.getAttribute("data-target");
@@ -39,14 +53,9 @@
       return;
     }
     if (!container) return; // this page does not show that part
-    if (op === "append-text" || op === "set-text") {
-      var text = tpl.content.textContent;
-      if (op === "append-text") {
-        if (seq <= seqOf(container)) return; // already folded into the page
-        container.appendChild(document.createTextNode(text));
-      } else {
-        container.textContent = text;
-      }
+    if (op === "append-text") {
+      if (seq <= seqOf(container)) return; // already folded into the page
+      container.appendChild(document.createTextNode(tpl.content.textContent));
       container.setAttribute("data-seq", String(seq));
       return;
     }
@@ -54,8 +63,13 @@
     if (!fresh) return;
     fresh = document.importNode(fresh, true);
     if (op === "replace") {
+      // A part that says which seq it reflects (the sidebar) never goes back in time.
+      if (fresh.hasAttribute("data-seq") && seqOf(container) > seqOf(fresh)) return;
+      keepTyping(container, fresh);
       container.replaceWith(fresh);
       activate(fresh);
+      var refocus = fresh.querySelector("[data-refocus]");
+      if (refocus) { refocus.removeAttribute("data-refocus"); refocus.focus(); }
       return;
     }
     if (op === "upsert") {
@@ -87,15 +101,10 @@
     for (var i = 0; i < ops.length; i++) applyOp(ops[i]);
   }
 
-  var REFRESH_TYPES = /^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)|model\.completed|budget\.|session\.status_changed)/;
-  var refreshTimer = null;
-  function scheduleRefresh() {
-    if (refreshTimer) return;
-    refreshTimer = setTimeout(function () {
-      refreshTimer = null;
-      document.body.dispatchEvent(new CustomEvent("agentops:refresh", { bubbles: true }));
-    }, 300);
-  }
+  // Bounds for a page left open for days: out-of-order messages buffered at most (the rest are
+  // asked for again), and approval events remembered as applied.
+  var MAX_PENDING = 500;
+  var MAX_SEEN = 2000;
 
   function setState(state, label) {
     var el = document.getElementById("live-state");
@@ -110,7 +119,10 @@
     var lastSeq = parseInt(root.getAttribute("data-last-seq") || "0", 10);
     var since = root.getAttribute("data-since") || "";
     var pending = {}; // seq -> message, waiting for the gap before it to be filled
+    var pendingCount = 0;
+    var highest = lastSeq; // the highest seq announced: everything up to it must be shown
     var seen = {}; // approvals page: session:seq already applied
+    var seenOrder = []; // the same keys, oldest first, to forget the oldest
     var gapAsked = 0;
     var socket = null;
     var retry = 0;
@@ -118,13 +130,17 @@
     function applySession(msg) {
       var seq = msg.event.seq;
       if (seq <= lastSeq) return;
-      pending[seq] = msg;
+      if (seq > highest) highest = seq;
+      if (!pending[seq] && (pendingCount < MAX_PENDING || seq === lastSeq + 1)) {
+        pending[seq] = msg; // a message over the bound is dropped here and asked for again
+        pendingCount += 1;
+      }
       while (pending[lastSeq + 1]) {
         var next = pending[lastSeq + 1];
         delete pending[lastSeq + 1];
+        pendingCount -= 1;
         lastSeq += 1;
         applyHtml(next.html);
-        if (REFRESH_TYPES.test(next.event.type)) scheduleRefresh();
       }
       root.setAttribute("data-last-seq", String(lastSeq));
       askForGap();
@@ -132,11 +148,11 @@
 
     // A gap: ask for the missing range (again every 2 s while it stays open: a reply can be lost too).
     function askForGap() {
-      var waiting = Object.keys(pending).map(Number);
-      if (!waiting.length || Date.now() - gapAsked < 2000 || !socket || socket.readyState !== 1) return;
+      if (highest <= lastSeq || Date.now() - gapAsked < 2000 || !socket || socket.readyState !== 1) return;
       gapAsked = Date.now();
-      var first = Math.min.apply(null, waiting);
-      socket.send(JSON.stringify({ type: "resend", after: lastSeq, until: first - 1 }));
+      var waiting = Object.keys(pending).map(Number);
+      var until = waiting.length ? Math.min.apply(null, waiting) - 1 : highest;
+      socket.send(JSON.stringify({ type: "resend", after: lastSeq, until: until }));
     }
     if (kind === "session") setInterval(askForGap, 1000);
 
@@ -144,6 +160,8 @@
       var key = msg.event.session_id + ":" + msg.event.seq;
       if (seen[key]) return;
       seen[key] = true;
+      seenOrder.push(key);
+      if (seenOrder.length > MAX_SEEN) delete seen[seenOrder.shift()]; // applying an old one again is harmless
       applyHtml(msg.html);
       if (msg.event.created_at > since) since = msg.event.created_at;
     }
@@ -195,10 +213,4 @@
     tickTimes();
     setInterval(tickTimes, 15000);
   });
-
-  // Test hook: lets browser tests check the seq the page has rendered.
-  window.agentopsLastSeq = function () {
-    var root = document.querySelector("[data-live]");
-    return root ? parseInt(root.getAttribute("data-last-seq") || "0", 10) : 0;
-  };
 })();

@@ -11,28 +11,15 @@ from django.test import Client
 from django.utils import timezone
 
 from agentops.domain import Conflict
-from agentops.models import ApiToken
-from agentops.services import api_token_create
 from approvals_app import selectors, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Event, Step, Turn
 from tests import factories
 from tests.concurrency import run_together
+from tests.helpers import api_client
 from tools_app.services import tool_definitions_seed
 
 NumQueries = Callable[..., Any]
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # factories set a password
-
-
-def _api(user: User) -> Client:
-    """A client with a token in use (its last_used_at is fresh: no write per request to count)."""
-    client = Client(headers={"Authorization": f"Bearer {api_token_create(username=user.username)[1]}"})
-    ApiToken.objects.filter(user=user).update(last_used_at=timezone.now())
-    return client
 
 
 def _pending(*, owner: User | None = None, turn: Turn | None = None, tool_name: str = "run_command",
@@ -69,7 +56,7 @@ def test_approvals_list_api_filters_by_status_session_and_tool(reviewer: User,
     second = _pending(tool_name="write_file", arguments={"path": "a.txt", "content": "x"})
     third = _pending(turn=first.turn)
     services.approval_decide(request_id=third.request_id, actor=reviewer, decision="reject", reason="no")
-    api = _api(reviewer)
+    api = api_client(reviewer)
 
     def ids(query: str) -> list[str]:
         response = api.get(f"/api/approvals{query}")
@@ -97,7 +84,7 @@ def test_approvals_list_api_filters_by_status_session_and_tool(reviewer: User,
 @pytest.mark.django_db
 def test_approvals_list_api_cursor_and_bad_filters(reviewer: User) -> None:
     created = [_pending() for _ in range(5)]
-    api = _api(reviewer)
+    api = api_client(reviewer)
     seen: list[str] = []
     cursor = ""
     while True:
@@ -110,12 +97,12 @@ def test_approvals_list_api_cursor_and_bad_filters(reviewer: User) -> None:
 
     unknown = api.get("/api/approvals?status=maybe")
     assert unknown.status_code == 422 and unknown.json()["code"] == "invalid_arguments"
-    assert api.get("/api/approvals?cursor=abc").status_code == 422
+    assert api.get("/api/approvals?cursor=abc").status_code == 400
 
 
 @pytest.mark.django_db
 def test_approval_get_api_shows_what_the_reviewer_decides_on(reviewer: User, approval: ApprovalRequest) -> None:
-    response = _api(reviewer).get(f"/api/approvals/{approval.request_id}")
+    response = api_client(reviewer).get(f"/api/approvals/{approval.request_id}")
     assert response.status_code == 200
     body = response.json()
     assert body["request_id"] == str(approval.request_id) and body["status"] == "pending"
@@ -128,7 +115,7 @@ def test_approval_get_api_shows_what_the_reviewer_decides_on(reviewer: User, app
 @pytest.mark.django_db
 @pytest.mark.parametrize("request_id", [str(uuid.uuid4()), "garbage", "42"])
 def test_approval_api_unknown_request_id_is_404(reviewer: User, approval: ApprovalRequest, request_id: str) -> None:
-    api = _api(reviewer)
+    api = api_client(reviewer)
     response = api.get(f"/api/approvals/{request_id}")
     assert response.status_code == 404 and response.json()["code"] == "not_found"
     response = api.post(f"/api/approvals/{request_id}/decision", {"decision": "approve"},
@@ -142,7 +129,7 @@ def test_approval_api_unknown_request_id_is_404(reviewer: User, approval: Approv
 
 @pytest.mark.django_db
 def test_approval_decide_api_approve_records_one_decision(reviewer: User, approval: ApprovalRequest) -> None:
-    response = _decide(_api(reviewer), approval, decision="approve", reason="looks fine",
+    response = _decide(api_client(reviewer), approval, decision="approve", reason="looks fine",
                        arguments_sha256=approval.arguments_sha256)
     assert response.status_code == 200, response.content
     body = response.json()
@@ -156,7 +143,7 @@ def test_approval_decide_api_approve_records_one_decision(reviewer: User, approv
 
 @pytest.mark.django_db
 def test_approval_decide_api_reject_settles_the_step(reviewer: User, approval: ApprovalRequest) -> None:
-    response = _decide(_api(reviewer), approval, decision="reject", reason="too dangerous")
+    response = _decide(api_client(reviewer), approval, decision="reject", reason="too dangerous")
     assert response.status_code == 200
     assert response.json()["status"] == "rejected"
     step = Step.objects.get(pk=approval.step_id)
@@ -166,7 +153,7 @@ def test_approval_decide_api_reject_settles_the_step(reviewer: User, approval: A
 @pytest.mark.django_db
 def test_approval_decide_api_same_decision_replayed_is_200_and_one_decision(reviewer: User,
                                                                            approval: ApprovalRequest) -> None:
-    api = _api(reviewer)
+    api = api_client(reviewer)
     first = _decide(api, approval, decision="approve")
     second = _decide(api, approval, decision="approve")
     assert first.status_code == second.status_code == 200
@@ -177,7 +164,7 @@ def test_approval_decide_api_same_decision_replayed_is_200_and_one_decision(revi
 @pytest.mark.django_db
 def test_approval_decide_api_other_decision_after_a_decision_is_409(reviewer: User,
                                                                    approval: ApprovalRequest) -> None:
-    api = _api(reviewer)
+    api = api_client(reviewer)
     assert _decide(api, approval, decision="reject").status_code == 200
     response = _decide(api, approval, decision="approve")
     assert response.status_code == 409
@@ -190,7 +177,7 @@ def test_approval_decide_api_other_decision_after_a_decision_is_409(reviewer: Us
 @pytest.mark.django_db
 def test_approval_decide_api_stale_hash_is_409_and_changes_nothing(reviewer: User,
                                                                   approval: ApprovalRequest) -> None:
-    response = _decide(_api(reviewer), approval, decision="approve", arguments_sha256="0" * 64)
+    response = _decide(api_client(reviewer), approval, decision="approve", arguments_sha256="0" * 64)
     assert response.status_code == 409
     assert response.json()["code"] == "stale_arguments"
     assert response.json()["details"] == {"current_sha256": approval.arguments_sha256, "seen_sha256": "0" * 64}
@@ -202,7 +189,7 @@ def test_approval_decide_api_stale_hash_is_409_and_changes_nothing(reviewer: Use
 @pytest.mark.parametrize("groups", [["operators"], []])
 def test_approval_decide_api_without_permission_is_403(approval: ApprovalRequest, groups: list[str]) -> None:
     outsider = factories.user("outsider", groups=groups)
-    response = _decide(_api(outsider), approval, decision="approve")
+    response = _decide(api_client(outsider), approval, decision="approve")
     assert response.status_code == 403
     assert response.json()["code"] == "permission_denied"
     approval.refresh_from_db()
@@ -214,7 +201,7 @@ def test_approval_decide_api_without_permission_is_403(approval: ApprovalRequest
 def test_approval_decide_api_session_owner_cannot_approve_own_request() -> None:
     owner = factories.user("both", groups=["operators", "reviewers"])
     approval = _pending(owner=owner)
-    response = _decide(_api(owner), approval, decision="approve")
+    response = _decide(api_client(owner), approval, decision="approve")
     assert response.status_code == 403
     assert response.json()["code"] == "self_approval_forbidden"
     approval.refresh_from_db()
@@ -225,7 +212,7 @@ def test_approval_decide_api_session_owner_cannot_approve_own_request() -> None:
 @pytest.mark.parametrize("decision", ["retry", "mark_done", "fail"])
 def test_approval_decide_api_recovery_decision_on_a_tool_request_is_422(reviewer: User, approval: ApprovalRequest,
                                                                         decision: str) -> None:
-    response = _decide(_api(reviewer), approval, decision=decision)
+    response = _decide(api_client(reviewer), approval, decision=decision)
     assert response.status_code == 422
     assert response.json()["details"] == {"field": "decision", "allowed": ["approve", "reject"]}
     approval.refresh_from_db()
@@ -238,7 +225,7 @@ def test_approval_decide_api_recovery_decision_on_a_tool_request_is_422(reviewer
                                   {"decision": "approve", "arguments": ["ls"]}])
 def test_approval_decide_api_wrong_types_are_422(reviewer: User, approval: ApprovalRequest,
                                                  body: dict[str, Any]) -> None:
-    response = _api(reviewer).post(f"/api/approvals/{approval.request_id}/decision", body,
+    response = api_client(reviewer).post(f"/api/approvals/{approval.request_id}/decision", body,
                                    content_type="application/json")
     assert response.status_code == 422
     assert response.json()["code"] == "invalid_arguments"
@@ -250,7 +237,7 @@ def test_approval_decide_api_wrong_types_are_422(reviewer: User, approval: Appro
 @pytest.mark.parametrize("arguments", [{}, {"command": 42}, {"command": "ls", "surprise": True}])
 def test_approval_decide_api_edited_arguments_must_match_the_tool_schema(reviewer: User, approval: ApprovalRequest,
                                                                          arguments: dict[str, Any]) -> None:
-    response = _decide(_api(reviewer), approval, decision="approve", arguments=arguments)
+    response = _decide(api_client(reviewer), approval, decision="approve", arguments=arguments)
     assert response.status_code == 422, response.content
     assert response.json()["code"] == "invalid_arguments" and response.json()["details"]["errors"]
     approval.refresh_from_db()
@@ -260,7 +247,7 @@ def test_approval_decide_api_edited_arguments_must_match_the_tool_schema(reviewe
 
 @pytest.mark.django_db
 def test_approval_decide_api_edited_arguments_keep_both_versions(reviewer: User, approval: ApprovalRequest) -> None:
-    response = _decide(_api(reviewer), approval, decision="approve", arguments={"command": "rm -rf build/tmp"})
+    response = _decide(api_client(reviewer), approval, decision="approve", arguments={"command": "rm -rf build/tmp"})
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["arguments"] == {"command": "rm -rf build"}
@@ -274,7 +261,7 @@ def test_approval_decide_api_edited_arguments_keep_both_versions(reviewer: User,
 def test_approval_decide_api_remember_on_confirm_once_creates_a_grant(reviewer: User) -> None:
     approval = _pending(tool_name="write_file", arguments={"path": "a.txt", "content": "x"},
                         approval_mode="confirm_once")
-    response = _decide(_api(reviewer), approval, decision="approve", remember=True)
+    response = _decide(api_client(reviewer), approval, decision="approve", remember=True)
     assert response.status_code == 200, response.content
     assert response.json()["remember"] is True
     grant = ApprovalGrant.objects.get(session_id=approval.session_id, tool_name="write_file")
@@ -284,7 +271,7 @@ def test_approval_decide_api_remember_on_confirm_once_creates_a_grant(reviewer: 
 
 @pytest.mark.django_db
 def test_approval_decide_api_remember_on_a_mutating_tool_is_422(reviewer: User, approval: ApprovalRequest) -> None:
-    response = _decide(_api(reviewer), approval, decision="approve", remember=True)
+    response = _decide(api_client(reviewer), approval, decision="approve", remember=True)
     assert response.status_code == 422 and response.json()["details"] == {"field": "remember"}
     assert ApprovalGrant.objects.count() == 0
     approval.refresh_from_db()
@@ -331,7 +318,6 @@ def test_approval_decide_approve_and_reject_racing_one_wins_the_other_409() -> N
 def test_approval_decide_past_deadline_records_the_expiry_and_refuses() -> None:
     from datetime import timedelta
 
-    from django.utils import timezone
 
     step = factories.step(factories.turn(), tool_name="run_command", arguments={"command": "true"},
                           approval_mode="mutating")

@@ -12,6 +12,7 @@ from sessions_app import services
 from sessions_app.fragments import render_event_fragment
 from sessions_app.models import AgentProfile, Event, Step
 from tests import factories
+from tests.helpers import login
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -23,12 +24,6 @@ XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 @pytest.fixture(autouse=True)
 def _tools(db: None) -> None:
     tool_definitions_seed()
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def make_approval(owner: User, agent: AgentProfile, *, tool: str = "run_command",
@@ -229,6 +224,7 @@ def test_one_click_from_the_queue_with_htmx(operator: User, reviewer: User, agen
         "decision": "approve", "from": "queue", "arguments_sha256": "f" * 64}, headers={"HX-Request": "true"})
     assert stale.status_code == 409 and "out of date" in stale.content.decode()
     assert stale["HX-Retarget"] == f"#approval-{approval.request_id}"
+    assert stale["HX-Reswap"] == "outerHTML"
     response = client.post(f"/approvals/{approval.request_id}/decide/", {
         "decision": "approve", "from": "queue", "arguments_sha256": approval.arguments_sha256},
         headers={"HX-Request": "true"})

@@ -33,6 +33,12 @@ STACK_APP_NAME = "agentops-e2e"  # the stack's processes, in pg_stat_activity
 STACK_POOL_SIZE = 8  # connections per process of the stack
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords() -> None:
+    """Overrides the suite's cheap password hasher: daphne, in its own process, checks the login
+    form's password with the default hashers."""
+
+
 @dataclass
 class Stack:
     env: dict[str, str]

@@ -40,6 +40,11 @@ def session_page(browser: Any, stack: Stack, session_id: Any) -> Any:
     return page
 
 
+def rendered_seq(page: Any) -> int:
+    """The last seq the page has applied, as live.js keeps it on the live root."""
+    return int(page.get_attribute("[data-live]", "data-last-seq") or 0)
+
+
 def mark_no_reload(page: Any) -> None:
     page.evaluate("window.__noReload = true")
 
@@ -67,6 +72,8 @@ def test_operator_and_reviewer_live(browser: Any, stack: Stack, world: World) ->
     operator.wait_for_url("**/sessions/*-*/")
     operator.wait_for_selector("#live-state[data-state=live]")
     mark_no_reload(operator)
+    fetched: list[str] = []  # everything an event changes comes with it: the page fetches nothing
+    operator.on("request", lambda r: fetched.append(r.url) if r.resource_type in ("xhr", "fetch") else None)
     session = AgentSession.objects.get(title="Write out.txt")
 
     # The request appears in the reviewer's queue without a reload, with the exact arguments.
@@ -100,11 +107,13 @@ def test_operator_and_reviewer_live(browser: Any, stack: Stack, world: World) ->
     operator.wait_for_selector("#session-status.s-idle")
     assert_not_reloaded(operator)
     session.refresh_from_db()
-    wait_for(lambda: operator.evaluate("window.agentopsLastSeq()") == AgentSession.objects.get(
+    wait_for(lambda: rendered_seq(operator) == AgentSession.objects.get(
         pk=session.id).last_seq, what="the page to render every event")
     assert operator.locator(".step.k-tool").count() == 1
     assert "Only touch the workspace" in operator.inner_text(".pinned")
-    operator.wait_for_selector("#controls button.primary:not([disabled])")  # the sidebar refreshed itself
+    operator.wait_for_selector("#controls button.primary:not([disabled])")  # the pushed sidebar
+    assert operator.inner_text("#sidebar .bar-row >> nth=0").split() == ["Tool", "calls", "1", "/", "20"]
+    assert fetched == []
     operator.screenshot(path=str(SCREENSHOTS / "session.png"), full_page=True)
     operator.goto(f"{stack.url}/sessions/")
     operator.screenshot(path=str(SCREENSHOTS / "sessions.png"), full_page=True)
@@ -142,7 +151,7 @@ def test_reject_with_reason(browser: Any, stack: Stack, world: World) -> None:
     operator.wait_for_selector(".step.final")
     approval.refresh_from_db()
     assert approval.status == "rejected" and approval.reason == "not on a Friday"
-    assert not (stack.env and Step.objects.filter(pk=approval.step_id, status="completed").exists())
+    assert not Step.objects.filter(pk=approval.step_id, status="completed").exists()
     reviewer.context.close()
     operator.context.close()
 
@@ -215,7 +224,7 @@ def test_reconnect_after_daphne_restart_shows_missed_events_once(browser: Any, s
     operator = session_page(browser, stack, session.id)
     operator.wait_for_selector(".step.k-tool.s-awaiting_approval")
     mark_no_reload(operator)
-    seen_before = operator.evaluate("window.agentopsLastSeq()")
+    seen_before = rendered_seq(operator)
 
     stack.kill("web")
     operator.wait_for_selector("#live-state[data-state=off]")
@@ -226,7 +235,7 @@ def test_reconnect_after_daphne_restart_shows_missed_events_once(browser: Any, s
     assert last_seq > seen_before
 
     stack.start_web()
-    wait_for(lambda: operator.evaluate("window.agentopsLastSeq()") == last_seq, what="the missed events")
+    wait_for(lambda: rendered_seq(operator) == last_seq, what="the missed events")
     assert_not_reloaded(operator)
     assert operator.locator(".step.k-tool").count() == 1
     assert operator.locator(".step.k-model").count() == 2
@@ -254,6 +263,6 @@ def test_gap_in_seq_is_filled_from_the_database(browser: Any, stack: Stack, worl
         AgentSession.objects.filter(pk=row.pk).update(last_seq=row.last_seq + 1)
     after = services.event_record(session_id=session.id, type="session.status_changed", payload={"status": "failed"})
     # The page sees seq n+1 arrive after n-1, asks for n, then applies both in order.
-    wait_for(lambda: operator.evaluate("window.agentopsLastSeq()") == after.seq, what="the gap to be filled")
-    assert operator.inner_text("#session-status") == "failed"
+    wait_for(lambda: rendered_seq(operator) == after.seq, what="the gap to be filled")
+    assert operator.inner_text("#session-status") == "Failed"
     operator.context.close()

@@ -12,13 +12,11 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
-from django.utils import timezone
 
-from agentops.models import ApiToken
-from agentops.services import api_token_create
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 from sessions_app.services import artifact_record, event_record, step_transition
 from tests import factories
+from tests.helpers import api_client, api_token, login
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -27,25 +25,9 @@ pytestmark = pytest.mark.django_db
 NumQueries = Callable[..., Any]
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # factories set a password
-
-
-def _token(user: User) -> str:
-    return api_token_create(username=user.username)[1]
-
-
-def _api(user: User) -> Client:
-    """A client with a token in use (its last_used_at is fresh: no write per request to count)."""
-    client = Client(headers={"Authorization": f"Bearer {_token(user)}"})
-    ApiToken.objects.filter(user=user).update(last_used_at=timezone.now())
-    return client
-
-
 @pytest.fixture
 def api(operator: User) -> Client:
-    return _api(operator)
+    return api_client(operator)
 
 
 def _start(api: Client, agent: AgentProfile, **body: Any) -> dict[str, Any]:
@@ -206,9 +188,9 @@ def test_sessions_list_api_cursor_walks_every_session_once(api: Client, operator
     assert len(set(seen)) == 11
 
 
-def test_sessions_list_api_invalid_cursor_or_status_is_422(api: Client) -> None:
+def test_sessions_list_api_invalid_cursor_is_400_and_invalid_status_or_limit_422(api: Client) -> None:
     response = api.get("/api/sessions?cursor=not-a-cursor")
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json() == {"code": "invalid_arguments", "message": "Invalid cursor",
                                "details": {"field": "cursor"}}
     assert api.get("/api/sessions?limit=many").status_code == 422
@@ -349,7 +331,8 @@ def _stream(token: str, path: str, headers: dict[str, str] | None = None) -> tup
 
 def test_events_stream_api_sends_the_backlog_with_seq_ids(operator: User) -> None:
     session = _session_with_events(operator, 5)
-    status, content_type, raw = _stream(_token(operator), f"/api/sessions/{session.id}/events/stream?max_seconds=0.3")
+    status, content_type, raw = _stream(api_token(operator),
+                                        f"/api/sessions/{session.id}/events/stream?max_seconds=0.3")
     assert status == 200 and content_type == "text/event-stream"
     assert _ids(raw) == [1, 2, 3, 4, 5]
     assert raw.startswith(": connected\n\n")
@@ -359,7 +342,7 @@ def test_events_stream_api_sends_the_backlog_with_seq_ids(operator: User) -> Non
 
 def test_events_stream_api_resumes_from_last_event_id_or_after(operator: User) -> None:
     session = _session_with_events(operator, 6)
-    token = _token(operator)
+    token = api_token(operator)
     path = f"/api/sessions/{session.id}/events/stream?max_seconds=0.3"
     assert _ids(_stream(token, path, {"Last-Event-ID": "4"})[2]) == [5, 6]
     assert _ids(_stream(token, path + "&after=2")[2]) == [3, 4, 5, 6]
@@ -368,9 +351,9 @@ def test_events_stream_api_resumes_from_last_event_id_or_after(operator: User) -
 
 
 def test_events_stream_api_sends_heartbeat_comments(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sessions_app.api.HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr("sessions_app.streams.HEARTBEAT_SECONDS", 0.05)
     session = factories.session(owner=operator)
-    raw = _stream(_token(operator), f"/api/sessions/{session.id}/events/stream?max_seconds=0.4")[2]
+    raw = _stream(api_token(operator), f"/api/sessions/{session.id}/events/stream?max_seconds=0.4")[2]
     assert raw.count(": heartbeat\n\n") >= 3
     assert _ids(raw) == [1]
 
@@ -380,7 +363,7 @@ def test_events_stream_api_needs_auth_and_permission(operator: User) -> None:
     nobody = factories.user("nobody")
     path = f"/api/sessions/{session.id}/events/stream?max_seconds=0.1"
     assert _stream("aop_wrong", path)[0] == 401
-    status, _, raw = _stream(_token(nobody), path)
+    status, _, raw = _stream(api_token(nobody), path)
     assert status == 403 and '"permission_denied"' in raw
 
 
@@ -388,7 +371,7 @@ def test_events_stream_api_needs_auth_and_permission(operator: User) -> None:
 def test_events_stream_api_delivers_a_live_event_after_the_backlog() -> None:
     operator = factories.user("live-op", groups=["operators"])
     session = _session_with_events(operator, 2)
-    token = _token(operator)
+    token = api_token(operator)
 
     async def read() -> str:
         response = await AsyncClient().get(f"/api/sessions/{session.id}/events/stream?max_seconds=1.5",
@@ -501,6 +484,41 @@ def test_artifacts_list_api_and_content_download(api: Client, operator: User,
     assert b"".join(download.streaming_content) == b"all green\n"  # type: ignore[attr-defined]
     assert download["Content-Type"] == "text/plain"
     assert download["Content-Disposition"] == 'attachment; filename="report.txt"'
+    assert download["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize(("name", "stored_type", "served_type"), [
+    ("page.html", "text/html", "application/octet-stream"),
+    ("logo.svg", "image/svg+xml", "application/octet-stream"),
+    ("plot.png", "image/png", "image/png"),
+    ("data.json", "application/json; charset=utf-8", "application/json"),
+])
+def test_artifact_content_api_and_page_serve_one_policy(api: Client, operator: User, name: str, stored_type: str,
+                                                        served_type: str) -> None:
+    session = factories.session(owner=operator)
+    stored = Path(settings.AGENTOPS_ARTIFACT_ROOT) / uuid.uuid4().hex
+    stored.write_bytes(b"<svg onload=alert(1)>")
+    artifact = artifact_record(session_id=session.id, path=f"out/{name}", size=21, sha256="ab" * 32,
+                               storage_path=str(stored), content_type=stored_type)
+    page = login(operator).get(f"/sessions/{session.id}/artifacts/{artifact.id}/")
+    for response in (api.get(f"/api/artifacts/{artifact.id}/content"), page):
+        assert response.status_code == 200
+        assert response["Content-Type"] == served_type
+        assert response["Content-Disposition"] == f'attachment; filename="{name}"'
+        assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_artifact_content_api_and_page_refuse_a_file_outside_the_artifact_root(api: Client, operator: User,
+                                                                               tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not an artifact")
+    session = factories.session(owner=operator)
+    for storage_path in (str(secret), "../" * 20 + str(secret).lstrip("/")):
+        artifact = artifact_record(session_id=session.id, path=f"out/{uuid.uuid4().hex}.txt", size=15,
+                                   sha256=uuid.uuid4().hex * 2, storage_path=storage_path)
+        response = api.get(f"/api/artifacts/{artifact.id}/content")
+        assert response.status_code == 404 and response.json()["code"] == "not_found"
+        assert login(operator).get(f"/sessions/{session.id}/artifacts/{artifact.id}/").status_code == 404
 
 
 def test_artifact_content_api_missing_is_404(api: Client, operator: User) -> None:

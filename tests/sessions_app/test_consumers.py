@@ -7,21 +7,14 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from django.db import transaction
 
-from agentops.asgi import application
 from sessions_app import services
-from sessions_app.models import AgentSession
+from sessions_app.models import AgentSession, Event
 from tests import factories
-from tests.ws import close_thread_connections, cookie_for  # noqa: F401 (autouse fixture)
+from tests.helpers import ws_communicator as communicator
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-async def communicator(path: str, user: User | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://testserver")]
-    if user is not None:
-        headers.append((b"cookie", await cookie_for(user)))
-    return WebsocketCommunicator(application, path, headers=headers)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_thread_connections")]
 
 
 @database_sync_to_async
@@ -37,8 +30,25 @@ def record(session: AgentSession, text: str) -> int:
     return services.event_record(session_id=session.id, type="note.added", payload={"text": text}).seq
 
 
+@database_sync_to_async
+def lose(session: AgentSession) -> int:
+    """Store an event the channel layer never announces (as when it drops one); returns its seq."""
+    with transaction.atomic():
+        row = AgentSession.objects.select_for_update().get(pk=session.id)
+        Event.objects.create(session=row, seq=row.last_seq + 1, type="note.lost", payload={})
+        AgentSession.objects.filter(pk=row.pk).update(last_seq=row.last_seq + 1)
+    return row.last_seq + 1
+
+
 async def receive_events(comm: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
     return [await comm.receive_json_from(timeout=5) for _ in range(count)]
+
+
+async def assert_next_is(comm: WebsocketCommunicator, session: AgentSession, marker: str) -> None:
+    """Record an event and check it is the next message: nothing else was sent before it."""
+    seq = await record(session, marker)
+    message = await comm.receive_json_from(timeout=5)
+    assert (message["event"]["seq"], message["event"]["payload"]) == (seq, {"text": marker})
 
 
 async def test_anonymous_is_refused() -> None:
@@ -80,7 +90,7 @@ async def test_backlog_after_last_seq_then_live_events_once_in_order() -> None:
     assert await record(session, "live one") == 4
     live = await comm.receive_json_from(timeout=5)
     assert live["event"]["seq"] == 4 and live["event"]["payload"] == {"text": "live one"}
-    assert await comm.receive_nothing(timeout=0.3)
+    await assert_next_is(comm, session, "nothing in between")
     await comm.disconnect()
 
 
@@ -89,16 +99,33 @@ async def test_live_messages_are_forwarded_without_reading_the_database() -> Non
     comm = await communicator(f"/ws/sessions/{session.id}/", owner)
     await comm.connect()
     await comm.send_json_to({"type": "hello", "last_seq": 3})
-    assert await comm.receive_nothing(timeout=0.3)
-    # Seq 99 exists nowhere in the database: the consumer forwards the sender's event and html as is.
-    message = {"type": "event.message", "html": "<template data-op=x></template>",
-               "event": {"seq": 99, "type": "tool.started", "session_id": str(session.id), "payload": {}}}
+    # Seq 4 exists nowhere in the database: the consumer forwards the sender's event and html as is.
+    message: dict[str, Any] = {"type": "event.message", "html": "<template data-op=x></template>",
+               "event": {"seq": 4, "type": "tool.started", "session_id": str(session.id), "payload": {}}}
     await get_channel_layer().group_send(f"session.{session.id}", message)
     forwarded = await comm.receive_json_from(timeout=5)
     assert forwarded == {"type": "event", "event": message["event"], "html": message["html"]}
     # A duplicate (the channel layer or the backlog already delivered it) is dropped.
     await get_channel_layer().group_send(f"session.{session.id}", message)
-    assert await comm.receive_nothing(timeout=0.3)
+    marker = {**message, "event": {**message["event"], "seq": 5}}
+    await get_channel_layer().group_send(f"session.{session.id}", marker)
+    assert (await comm.receive_json_from(timeout=5))["event"]["seq"] == 5
+    await comm.disconnect()
+
+
+async def test_a_live_event_after_a_gap_brings_the_missing_ones_from_the_database() -> None:
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 2})
+    assert (await comm.receive_json_from(timeout=5))["event"]["seq"] == 3  # the backlog has been read
+    assert await lose(session) == 4
+    assert await lose(session) == 5
+    assert await record(session, "after the gap") == 6
+    got = await receive_events(comm, 3)
+    assert [(m["event"]["seq"], m["event"]["type"]) for m in got] == [(4, "note.lost"), (5, "note.lost"),
+                                                                      (6, "note.added")]
+    await assert_next_is(comm, session, "nothing twice")
     await comm.disconnect()
 
 
@@ -109,11 +136,10 @@ async def test_client_asks_for_a_missing_range() -> None:
     comm = await communicator(f"/ws/sessions/{session.id}/", owner)
     await comm.connect()
     await comm.send_json_to({"type": "hello", "last_seq": 8})
-    assert await comm.receive_nothing(timeout=0.3)
     await comm.send_json_to({"type": "resend", "after": 4, "until": 6})
     resent = await receive_events(comm, 2)
     assert [m["event"]["seq"] for m in resent] == [5, 6]
-    assert await comm.receive_nothing(timeout=0.3)
+    await assert_next_is(comm, session, "only what was asked")
     await comm.disconnect()
 
 
@@ -130,5 +156,5 @@ async def test_reconnect_gets_every_missed_event_once() -> None:
     await comm.send_json_to({"type": "hello", "last_seq": 3})
     seqs = [m["event"]["seq"] for m in await receive_events(comm, 250)]
     assert seqs == list(range(4, 254))
-    assert await comm.receive_nothing(timeout=0.3)
+    await assert_next_is(comm, session, "after the backlog")
     await comm.disconnect()

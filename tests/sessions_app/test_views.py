@@ -8,20 +8,16 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from approvals_app.models import ApprovalRequest
 from sessions_app import services
-from sessions_app.fragments import render_event_fragment
+from sessions_app.fragments import SIDEBAR_TYPES, render_event_fragment, render_event_fragments
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from tests import factories
+from tests.helpers import login
 
 pytestmark = pytest.mark.django_db
 
 XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def add_turn_with_steps(session: AgentSession, *, steps: int, text: str = "ok") -> Turn:
@@ -275,6 +271,7 @@ def test_artifact_download(operator: User, agent: AgentProfile, settings: Any) -
     assert response.status_code == 200
     assert response["Content-Type"] == "application/octet-stream"
     assert "attachment" in response["Content-Disposition"]
+    assert response["X-Content-Type-Options"] == "nosniff"
     assert b"".join(response.streaming_content) == b"<script>x</script>"  # type: ignore[attr-defined]
 
 
@@ -290,3 +287,62 @@ def test_fragments_target_the_page_partials(operator: User, agent: AgentProfile)
     assert f'data-target="#turn-{turn.id}-items"' in tool and "exit 0" in tool
     status = render_event_fragment(events["session.status_changed"].as_dict())
     assert 'data-op="replace" data-target="#session-status"' in status
+
+
+def test_session_page_renders_the_sidebar_once_and_never_fetches_it(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(session, steps=1)
+    session.refresh_from_db()
+    body = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert body.count('id="sidebar"') == 1
+    assert f'<div id="sidebar" data-seq="{session.last_seq}">' in body
+    assert "/sidebar/" not in body and "agentops:refresh" not in body
+    assert 'name="csrfmiddlewaretoken"' in body[body.index('id="controls"'):]  # the page's forms work without JS
+
+
+def test_fragments_push_the_sidebar_once_per_session_on_its_last_event_that_changes_it(
+        operator: User, agent: AgentProfile, django_assert_num_queries: Any) -> None:
+    first = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(first, steps=3)
+    second = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(second, steps=1)
+    events = [e.as_dict() for e in Event.objects.filter(session__in=[first, second]).order_by("session", "seq")]
+    # steps, their approvals, turns, the sessions of the sidebars: whatever the number of events
+    with django_assert_num_queries(4):
+        htmls = render_event_fragments(events)
+    for session in (first, second):
+        session.refresh_from_db()
+        mine = [(event, html) for event, html in zip(events, htmls, strict=True)
+                if event["session_id"] == str(session.id)]
+        with_sidebar = [event for event, html in mine if 'data-target="#sidebar"' in html]
+        changing = [event for event, _ in mine if SIDEBAR_TYPES.match(str(event["type"]))]
+        assert with_sidebar == [changing[-1]]
+        html = next(html for event, html in mine if event is changing[-1])
+        op = html[html.index('data-target="#sidebar"'):]
+        assert f'<div id="sidebar" data-seq="{session.last_seq}">' in op
+        assert "Tool calls" in op and 'id="controls"' in op and "operate-only" in op
+        assert "csrfmiddlewaretoken" not in op  # one copy for every viewer: htmx sends the token
+        assert f'hx-post="/sessions/{session.id}/turns/"' in op
+    delta = next(html for event, html in zip(events, htmls, strict=True) if event["type"] == "model.delta")
+    assert "#sidebar" not in delta
+
+
+def test_sidebar_forms_posted_with_htmx_navigate_back_to_the_page(operator: User, agent: AgentProfile) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    response = login(operator).post(f"/sessions/{session.id}/turns/", {"input": "next"},
+                                    headers={"HX-Request": "true"})
+    assert response.status_code == 200 and response["HX-Redirect"] == f"/sessions/{session.id}/"
+    assert Turn.objects.get(session=session).input == "next"
+
+
+def test_status_labels_come_from_the_models_choices(operator: User, agent: AgentProfile) -> None:
+    labels: dict[str, set[str]] = {}
+    for choices in (AgentSession.Status, Turn.Status, Step.Status, ApprovalRequest.Status):
+        for value, label in choices.choices:
+            labels.setdefault(value, set()).add(str(label))
+    assert {value: names for value, names in labels.items() if len(names) > 1} == {}  # one label per value
+    session = factories.session(agent=agent, owner=operator)
+    services.turn_create(session_id=session.id, input="go")
+    body = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert '<span id="session-status" class="badge s-in_progress">In progress</span>' in body
+    assert '<span class="badge s-queued">Queued</span>' in body

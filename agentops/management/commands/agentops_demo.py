@@ -5,8 +5,10 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
+from scripted_model.demo import DEMO_STARTER_FILES
 from sessions_app.models import AgentProfile
 from tools_app.models import ToolDefinition
+from tools_app.services import tool_definitions_seed
 
 DEMO_USERS = [("admin", "admins", True), ("operator", "operators", False), ("reviewer", "reviewers", False)]
 DEMO_INSTRUCTIONS = (
@@ -23,8 +25,6 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
-        from tools_app.services import tool_definitions_seed
-
         tool_definitions_seed()
         for username, group, is_admin in DEMO_USERS:
             user, created = User.objects.get_or_create(username=username, defaults={"is_staff": is_admin,
@@ -37,8 +37,6 @@ class Command(BaseCommand):
         base_url, model = options["model_url"], "scripted-demo"
         if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
             base_url, model = os.environ.get("OPENAI_BASE_URL", ""), os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
-        from scripted_model.demo import DEMO_STARTER_FILES
-
         profile, _ = AgentProfile.objects.update_or_create(
             slug="incident-responder",
             defaults={"name": "Incident responder", "instructions": DEMO_INSTRUCTIONS, "base_url": base_url,

@@ -1,0 +1,193 @@
+"""View models of the dashboard: what the templates render, built from rows the selectors read.
+
+No queries here. The pages (``views.py``), the pushed fragments (``fragments.py``) and the
+approvals pages build the same view models, so a live update renders exactly what a reload would.
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from approvals_app.models import ApprovalRequest
+from sessions_app.models import AgentSession, Step, Turn
+
+OUTPUT_PREVIEW_LINES = 3
+# While one of these, a session has a turn in flight: the sidebar offers cancel, not send.
+ACTIVE_STATUSES = (AgentSession.Status.IN_PROGRESS, AgentSession.Status.AWAITING_APPROVAL,
+                   AgentSession.Status.REQUIRES_ACTION)
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+@dataclass
+class StepView:
+    """One step card: the row, its latest approval request and, while streaming, the text so far."""
+
+    step: Step
+    approval: ApprovalRequest | None = None
+    stream_text: str = ""
+    stream_seq: int = 0
+    seq: int = 0  # the newest event this card reflects; the client refuses to go back in time
+
+    @property
+    def dom_id(self) -> str:
+        return f"step-{self.step.id}"
+
+    @property
+    def arguments_json(self) -> str:
+        return pretty_json(self.step.arguments)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.step.result if isinstance(self.step.result, dict) else {}
+
+    @property
+    def output(self) -> str:
+        return str(self.result.get("output") or "")
+
+    @property
+    def output_lines(self) -> int:
+        return self.output.count("\n") + 1 if self.output else 0
+
+    @property
+    def output_head(self) -> str:
+        return "\n".join(self.output.splitlines()[:OUTPUT_PREVIEW_LINES])
+
+    @property
+    def exit_code(self) -> Any:
+        return self.result.get("exit_code")
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.result.get("duration_ms") is not None:
+            return float(self.result["duration_ms"])
+        if self.step.started_at and self.step.finished_at:
+            return (self.step.finished_at - self.step.started_at).total_seconds() * 1000
+        return None
+
+    @property
+    def files_changed(self) -> list[tuple[str, list[str]]]:
+        changed = self.result.get("files_changed") or {}
+        if not isinstance(changed, dict):
+            return []
+        return [(kind, list(changed[kind])) for kind in ("created", "modified", "deleted") if changed.get(kind)]
+
+    @property
+    def error_code(self) -> str:
+        return self.step.error_code or str(self.result.get("error_code") or "")
+
+    @property
+    def error_message(self) -> str:
+        return self.step.error_message or str(self.result.get("error_message") or "")
+
+    @property
+    def text(self) -> str:
+        content = (self.step.message or {}).get("content")
+        return content if content else self.stream_text
+
+    @property
+    def tool_call_names(self) -> list[str]:
+        calls = (self.step.message or {}).get("tool_calls") or []
+        return [str(c.get("function", {}).get("name", "?")) for c in calls if isinstance(c, dict)]
+
+    @property
+    def is_final(self) -> bool:
+        """A completed model call without tool calls: the turn's answer."""
+        return (self.step.kind == Step.Kind.MODEL and self.step.status == Step.Status.COMPLETED
+                and not self.tool_call_names)
+
+
+@dataclass
+class TurnView:
+    turn: Turn
+    steps: list[StepView] = field(default_factory=list)
+    seq: int = 0
+
+    @property
+    def dom_id(self) -> str:
+        return f"turn-{self.turn.id}"
+
+    @property
+    def has_final(self) -> bool:
+        return any(s.is_final for s in self.steps)
+
+
+@dataclass
+class Bar:
+    label: str
+    used: float
+    limit: float | None
+
+    @property
+    def percent(self) -> int:
+        if not self.limit:
+            return 0
+        return min(100, round(100 * self.used / self.limit))
+
+    @property
+    def level(self) -> str:
+        return "high" if self.percent >= 90 else "mid" if self.percent >= 70 else "low"
+
+
+def usage_bars(session: AgentSession) -> list[Bar]:
+    return [
+        Bar("Tool calls", session.tool_calls, session.max_tool_calls),
+        Bar("Model calls", session.model_calls, session.max_model_calls),
+        Bar("Tokens", session.total_tokens, session.max_tokens),
+        Bar("Wall seconds", round(session.wall_seconds), session.max_wall_seconds),
+    ]
+
+
+def sidebar_context(session: AgentSession, *, can_operate: bool, live: bool = False) -> dict[str, Any]:
+    """What ``_sidebar.html`` renders: the page's copy for one user, or (``live``) the copy pushed to
+    every viewer, whose controls CSS shows only to operators and which carries no CSRF token."""
+    return {"session": session, "bars": usage_bars(session), "active": session.status in ACTIVE_STATUSES,
+            "can_operate": can_operate or live, "live": live}
+
+
+@dataclass
+class Overview:
+    counts: dict[str, int]
+    pending_approvals: int
+    oldest_pending: ApprovalRequest | None
+    stuck: list[AgentSession]
+    recent: list[AgentSession]
+    stuck_minutes: int
+
+
+def step_views(steps: Sequence[Step], *, approvals: Mapping[Any, ApprovalRequest],
+               streams: Mapping[Any, tuple[str, int]] | None = None, seq: int = 0) -> list[StepView]:
+    """Step cards from the steps, each step's latest approval and, for running model calls, the
+    text streamed so far (``selectors.streamed_texts``)."""
+    streams = streams or {}
+    return [StepView(step=s, approval=approvals.get(s.id), stream_text=streams.get(s.id, ("", 0))[0],
+                     stream_seq=streams.get(s.id, ("", 0))[1], seq=seq) for s in steps]
+
+
+def turn_views(turns: Sequence[Turn], steps: Sequence[StepView], *, seq: int = 0) -> list[TurnView]:
+    """Turn blocks, each with its step cards in order."""
+    by_turn: dict[Any, list[StepView]] = {}
+    for view in steps:
+        by_turn.setdefault(view.step.turn_id, []).append(view)
+    return [TurnView(turn=t, steps=by_turn.get(t.id, []), seq=seq) for t in turns]
+
+
+def diff_lines(preview: str) -> list[tuple[str, str]]:
+    """(css class, line) for a unified diff preview."""
+    lines = []
+    for line in preview.splitlines():
+        if line.startswith(("+++", "---")):
+            cls = "meta"
+        elif line.startswith("@@"):
+            cls = "hunk"
+        elif line.startswith("+"):
+            cls = "add"
+        elif line.startswith("-"):
+            cls = "del"
+        else:
+            cls = "ctx"
+        lines.append((cls, line))
+    return lines

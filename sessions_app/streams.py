@@ -1,0 +1,128 @@
+"""A session's events in seq order, each exactly once, for a client that says which seq it has.
+
+One algorithm for the SSE stream (``api.events_stream_api``) and the WebSocket consumer
+(``consumers.SessionConsumer``):
+
+1. join the session's channel-layer group first, so nothing committed from then on slips by;
+2. send the backlog from the database: every event after the client's seq, page by page until
+   a short page (a session may hold any number of events: never cap and jump ahead);
+3. then forward live events from the group, dropping any with ``seq <= last`` (already sent,
+   typically by the backlog: an event committed while it was read is in both) and, when one
+   arrives after a gap (the channel layer is at-most-once and drops messages for a slow
+   reader), re-reading the missing range from the database before it.
+
+The database is read on connect and on a gap only, never per live message (DESIGN.md, "Live
+progress").
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+
+from sessions_app import selectors
+from sessions_app.announce import session_group
+
+PAGE = 500
+HEARTBEAT_SECONDS = 15.0
+
+# A message is ``{"event": Event.as_dict(), ...}`` (the consumer's also carry ``"html"``).
+Message = dict[str, Any]
+# read(after, until, limit): stored messages with after < seq <= until (no bound when None), in order.
+Reader = Callable[[int, int | None, int], Awaitable[list[Message]]]
+
+
+def seq_of(message: Message) -> int:
+    return int(message["event"]["seq"])
+
+
+class EventFeed:
+    """Where one client is in a session's event log, and what to send it next."""
+
+    def __init__(self, read: Reader, *, after: int, page: int = PAGE) -> None:
+        self.read = read
+        self.last = max(0, after)  # the highest seq the client has been sent
+        self.page = page
+
+    async def backlog(self) -> AsyncIterator[Message]:
+        """Everything stored after ``last``."""
+        async for message in self._range(self.last, None):
+            yield message
+
+    async def live(self, message: Message) -> AsyncIterator[Message]:
+        """What to send for a live message: nothing for a duplicate; the missing range from the
+        database, then the message, after a gap."""
+        seq = seq_of(message)
+        if seq <= self.last:
+            return
+        if seq > self.last + 1:
+            async for missing in self._range(self.last, seq - 1):
+                yield missing
+        self.last = seq
+        yield message
+
+    async def replay(self, after: int, until: int) -> AsyncIterator[Message]:
+        """A range the client asks for again, sent even where it was sent before."""
+        async for message in self._range(after, until):
+            yield message
+
+    async def _range(self, after: int, until: int | None) -> AsyncIterator[Message]:
+        while True:
+            batch = await self.read(after, until, self.page)
+            for message in batch:
+                after = seq_of(message)
+                self.last = max(self.last, after)
+                yield message
+            if len(batch) < self.page:
+                return
+
+
+def stored_events(session_id: UUID | str) -> Reader:
+    """A reader of the session's stored events, as messages without fragments (the API's)."""
+
+    def load(after: int, until: int | None, limit: int) -> list[Message]:
+        return [{"event": e.as_dict()}
+                for e in selectors.events_after(session_id=session_id, after=after, until=until, limit=limit)]
+
+    return sync_to_async(load)
+
+
+def sse_frame(event: dict[str, Any]) -> str:
+    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, default=str)}\n\n"
+
+
+async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
+                       read: Reader | None = None) -> AsyncGenerator[str, None]:
+    """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
+    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given."""
+    layer = get_channel_layer()
+    group = session_group(session_id)
+    channel = await layer.new_channel() if layer is not None else ""
+    if layer is not None:
+        await layer.group_add(group, channel)  # before the backlog: nothing slips between the two
+    feed = EventFeed(read or stored_events(session_id), after=after)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_seconds if max_seconds else None
+    try:
+        yield ": connected\n\n"
+        async for message in feed.backlog():
+            yield sse_frame(message["event"])
+        while deadline is None or loop.time() < deadline:
+            timeout = HEARTBEAT_SECONDS if deadline is None else min(HEARTBEAT_SECONDS, deadline - loop.time())
+            try:
+                if layer is None:
+                    await asyncio.sleep(max(0.01, timeout))
+                    raise TimeoutError
+                received = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
+            except TimeoutError:
+                yield ": heartbeat\n\n"
+                continue
+            async for message in feed.live(received):
+                yield sse_frame(message["event"])
+    finally:
+        if layer is not None:
+            await layer.group_discard(group, channel)
