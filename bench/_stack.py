@@ -178,7 +178,8 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) ->
     for n in (1, 2):
         stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
-    stack.spawn("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(stack.web_port),
+    # A listen backlog for bursts of connections (twisted's default is 50).
+    stack.spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={stack.web_port}:interface=127.0.0.1:backlog=1024",
                         "agentops.asgi:application"])
     stack.env = env
     wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["web"])

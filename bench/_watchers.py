@@ -38,38 +38,50 @@ class Watcher:
         self.last = 0
         self.latencies: list[float] = []
         self.gaps = 0
-        self.error = ""
+        self.reconnects = 0
+        self.errors: list[str] = []
 
     async def run(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
+        """Watch until the deadline; a dropped connection is opened again from the last seq seen,
+        as live.js does (what was missed meanwhile comes as the backlog)."""
+        backoff = 0.2
+        while deadline.left() > 0:
+            try:
+                await self._connection(http, base, deadline)
+                backoff = 0.2
+            except Exception as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.reconnects += 1
+                await asyncio.sleep(min(backoff, max(0.0, deadline.left())))
+                backoff = min(backoff * 2, 3.0)
+
+    async def _connection(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
         ws_url = base.replace("http://", "ws://") + f"/ws/sessions/{self.session_id}/"
-        try:
-            async with http.ws_connect(ws_url, origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=2)) as ws:
-                await ws.send_json({"type": "hello", "last_seq": 0})
-                live_after = time.time()
-                while deadline.left() > 0:
-                    try:
-                        # Short waits: the deadline moves sooner when stdin closes.
-                        message = await ws.receive(timeout=min(0.5, max(0.05, deadline.left())))
-                    except TimeoutError:
-                        continue
-                    if message.type != aiohttp.WSMsgType.TEXT:
-                        break
-                    received = time.time()
-                    data = json.loads(message.data)
-                    event = data.get("event") or {}
-                    seq = int(event.get("seq", 0))
-                    if seq in self.seqs:
-                        continue
-                    if seq > self.last + 1:  # the channel layer dropped some: ask for them, as live.js does
-                        self.gaps += 1
-                        await ws.send_json({"type": "resend", "after": self.last, "until": seq - 1})
-                    self.seqs.add(seq)
-                    self.last = max(self.last, seq)
-                    created = datetime.fromisoformat(str(event["created_at"])).timestamp()
-                    if created > live_after:  # a live event, not the backlog
-                        self.latencies.append((received - created) * 1000)
-        except Exception as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
+        async with http.ws_connect(ws_url, origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=2)) as ws:
+            await ws.send_json({"type": "hello", "last_seq": self.last})
+            live_after = time.time()
+            while deadline.left() > 0:
+                try:
+                    # Short waits: the deadline moves sooner when stdin closes.
+                    message = await ws.receive(timeout=min(0.5, max(0.05, deadline.left())))
+                except TimeoutError:
+                    continue
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    raise ConnectionError(f"the server closed the WebSocket ({message.type.name})")
+                received = time.time()
+                data = json.loads(message.data)
+                event = data.get("event") or {}
+                seq = int(event.get("seq", 0))
+                if seq in self.seqs:
+                    continue
+                if seq > self.last + 1:  # the channel layer dropped some: ask for them, as live.js does
+                    self.gaps += 1
+                    await ws.send_json({"type": "resend", "after": self.last, "until": seq - 1})
+                self.seqs.add(seq)
+                self.last = max(self.last, seq)
+                created = datetime.fromisoformat(str(event["created_at"])).timestamp()
+                if created > live_after:  # a live event, not the backlog
+                    self.latencies.append((received - created) * 1000)
 
 
 async def main() -> None:
@@ -109,7 +121,8 @@ async def main() -> None:
         "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],
         "received": {w.session_id: sorted(w.seqs) for w in watchers[::per_session]},
         "per_client": [[w.session_id, len(w.seqs), w.last] for w in watchers],
-        "gaps": sum(w.gaps for w in watchers), "errors": [w.error for w in watchers if w.error]}
+        "gaps": sum(w.gaps for w in watchers), "reconnects": sum(w.reconnects for w in watchers),
+        "errors": sorted({e for w in watchers for e in w.errors})[:5]}
     print(json.dumps(report), flush=True)
 
 

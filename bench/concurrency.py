@@ -231,6 +231,7 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
     lat = report["latencies_ms"]
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,
+            "reconnects": report["reconnects"],
             "errors": report["errors"][:3]}
 
 
@@ -362,7 +363,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             p = r["push"]
             print(f"push during {r['layout']} N={r['n']}: {p['clients']} WebSocket clients, {p['deliveries']} live "
                   f"deliveries, created → received p50 {p['p50']:.0f} ms, p99 {p['p99']:.0f} ms, max {p['max']:.0f} ms;"
-                  f" gaps replayed {p['gaps_replayed']}, lost after replay {p['lost']}"
+                  f" gaps replayed {p['gaps_replayed']}, reconnects {p['reconnects']}, lost after replay {p['lost']}"
                   + (f"; errors {p['errors']}" if p["errors"] else ""))
     print()
     targets = [("multi", 1000, 1.5), ("make-run", 200, 1.5)]

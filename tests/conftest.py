@@ -173,3 +173,15 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_database_pools(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Close this process's connection pools before the test database is dropped (a pooled
+    connection left open makes the drop fail: "being accessed by other users")."""
+    yield
+    with django_db_blocker.unblock():
+        for conn in connections.all():
+            close_pool = getattr(conn, "close_pool", None)  # PostgreSQL's wrapper only
+            if close_pool is not None and getattr(conn, "pool", None) is not None:
+                close_pool()
