@@ -5,10 +5,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from agentops.asyncdb import AuthMiddlewareStack  # noqa: E402
 from agentops.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({

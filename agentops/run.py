@@ -92,7 +92,10 @@ def main() -> int:
                              "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
                              "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
             spawn("gateway", [PY, "manage.py", "model_gateway"])
-            web = spawn("web", [PY, "-m", "daphne", "-b", host, "-p", str(port), "agentops.asgi:application"])
+            # A listen backlog for bursts (twisted's default is 50) and a WebSocket handshake window
+            # wider than daphne's 5 s, which a busy process misses (it then resets the client).
+            web = spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={port}:interface={host}:backlog=1024",
+                                "--websocket_connect_timeout", "30", "agentops.asgi:application"])
             wait_port(port, web, "daphne")
             _wait_healthy(port)
         except (RuntimeError, subprocess.CalledProcessError) as exc:

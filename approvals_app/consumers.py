@@ -9,11 +9,11 @@ them twice is harmless: the fragments upsert or remove one item by request id.
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentops.asyncdb import database_read
 from agentops.permissions import VIEW_APPROVALS, has_perm
 from sessions_app import selectors
 from sessions_app.announce import APPROVALS_GROUP
@@ -49,7 +49,7 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
-        if not await database_sync_to_async(_may_view)(user):
+        if not await database_read(_may_view)(user):
             await self.close(code=4403)
             return
         await self.channel_layer.group_add(APPROVALS_GROUP, self.channel_name)
@@ -68,7 +68,7 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             since = since.replace(tzinfo=UTC)
         position: Position | None = None
         while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
-            messages, position = await database_sync_to_async(load_approval_events)(since, position)
+            messages, position = await database_read(load_approval_events)(since, position)
             for message in messages:
                 await self.send_json(message)
             if len(messages) < BACKLOG_PAGE:

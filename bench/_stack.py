@@ -178,9 +178,10 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) ->
     for n in (1, 2):
         stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
-    # A listen backlog for bursts of connections (twisted's default is 50).
+    # A listen backlog for bursts of connections (twisted's default is 50), and a WebSocket
+    # handshake window wider than daphne's 5 s for a busy process (else it resets the client).
     stack.spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={stack.web_port}:interface=127.0.0.1:backlog=1024",
-                        "agentops.asgi:application"])
+                        "--websocket_connect_timeout", "30", "agentops.asgi:application"])
     stack.env = env
     wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["web"])
     return stack

@@ -40,6 +40,7 @@ class Watcher:
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
+        self.pending_resend: dict[str, Any] | None = None
 
     async def run(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
         """Watch until the deadline; a dropped connection is opened again from the last seq seen,
@@ -58,30 +59,42 @@ class Watcher:
     async def _connection(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
         ws_url = base.replace("http://", "ws://") + f"/ws/sessions/{self.session_id}/"
         async with http.ws_connect(ws_url, origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=2)) as ws:
-            await ws.send_json({"type": "hello", "last_seq": self.last})
-            live_after = time.time()
-            while deadline.left() > 0:
-                try:
-                    # Short waits: the deadline moves sooner when stdin closes.
-                    message = await ws.receive(timeout=min(0.5, max(0.05, deadline.left())))
-                except TimeoutError:
-                    continue
-                if message.type != aiohttp.WSMsgType.TEXT:
-                    raise ConnectionError(f"the server closed the WebSocket ({message.type.name})")
-                received = time.time()
-                data = json.loads(message.data)
-                event = data.get("event") or {}
-                seq = int(event.get("seq", 0))
-                if seq in self.seqs:
-                    continue
-                if seq > self.last + 1:  # the channel layer dropped some: ask for them, as live.js does
-                    self.gaps += 1
-                    await ws.send_json({"type": "resend", "after": self.last, "until": seq - 1})
-                self.seqs.add(seq)
-                self.last = max(self.last, seq)
-                created = datetime.fromisoformat(str(event["created_at"])).timestamp()
-                if created > live_after:  # a live event, not the backlog
-                    self.latencies.append((received - created) * 1000)
+            closer = asyncio.create_task(_close_at(ws, deadline))
+            try:
+                await ws.send_json({"type": "hello", "last_seq": self.last})
+                live_after = time.time()
+                async for message in ws:
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    self._receive(ws, json.loads(message.data), live_after)
+                    if self.pending_resend is not None:
+                        await ws.send_json(self.pending_resend)
+                        self.pending_resend = None
+            finally:
+                closer.cancel()
+            if deadline.left() > 0:
+                raise ConnectionError(f"the server closed the WebSocket ({ws.close_code})")
+
+    def _receive(self, ws: Any, data: dict[str, Any], live_after: float) -> None:
+        received = time.time()
+        event = data.get("event") or {}
+        seq = int(event.get("seq", 0))
+        if seq in self.seqs:
+            return
+        if seq > self.last + 1:  # the channel layer dropped some: ask for them, as live.js does
+            self.gaps += 1
+            self.pending_resend = {"type": "resend", "after": self.last, "until": seq - 1}
+        self.seqs.add(seq)
+        self.last = max(self.last, seq)
+        created = datetime.fromisoformat(str(event["created_at"])).timestamp()
+        if created > live_after:  # a live event, not the backlog
+            self.latencies.append((received - created) * 1000)
+
+
+async def _close_at(ws: Any, deadline: Deadline) -> None:
+    while deadline.left() > 0:
+        await asyncio.sleep(min(0.5, max(0.01, deadline.left())))
+    await ws.close()
 
 
 async def main() -> None:

@@ -228,6 +228,10 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
     last = dict(AgentSession.objects.filter(pk__in={sid for sid, _, _ in report["per_client"]})
                 .values_list("id", "last_seq"))
     lost = sum(max(0, last.get(uuid.UUID(sid), 0) - count) for sid, count, _ in report["per_client"])
+    short = [(sid[:8], count, last.get(uuid.UUID(sid))) for sid, count, _ in report["per_client"]
+             if count < last.get(uuid.UUID(sid), 0)]
+    if short:
+        print(f"  (watchers short of events: {len(short)}, e.g. (session, received, stored) {short[:3]})")
     lat = report["latencies_ms"]
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,

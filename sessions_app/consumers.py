@@ -10,9 +10,9 @@ can also ask again for a range it misses (``resend``).
 
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from agentops.asyncdb import database_read
 from agentops.permissions import VIEW_SESSIONS, has_perm
 from sessions_app import selectors
 from sessions_app.announce import session_group
@@ -48,7 +48,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
-        if not await database_sync_to_async(_may_view)(user, self.session_id):
+        if not await database_read(_may_view)(user, self.session_id):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.group = session_group(self.session_id)
@@ -60,7 +60,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def _read(self, after: int, until: int | None, limit: int) -> list[Message]:
-        messages: list[Message] = await database_sync_to_async(load_messages)(self.session_id, after, until, limit)
+        messages: list[Message] = await database_read(load_messages)(self.session_id, after, until, limit)
         return messages
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

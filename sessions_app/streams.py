@@ -21,9 +21,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
+from agentops.asyncdb import database_read
 from sessions_app import selectors
 from sessions_app.announce import session_group
 
@@ -88,7 +88,7 @@ def stored_events(session_id: UUID | str) -> Reader:
         return [{"event": e.as_dict()}
                 for e in selectors.events_after(session_id=session_id, after=after, until=until, limit=limit)]
 
-    return sync_to_async(load)
+    return database_read(load)
 
 
 def sse_frame(event: dict[str, Any]) -> str:

@@ -329,6 +329,7 @@ def _stream(token: str, path: str, headers: dict[str, str] | None = None) -> tup
     return async_to_sync(read)()
 
 
+@pytest.mark.django_db(transaction=True)  # the stream reads in worker threads: rows must be committed
 def test_events_stream_api_sends_the_backlog_with_seq_ids(operator: User) -> None:
     session = _session_with_events(operator, 5)
     status, content_type, raw = _stream(api_token(operator),
@@ -340,6 +341,7 @@ def test_events_stream_api_sends_the_backlog_with_seq_ids(operator: User) -> Non
     assert "event: custom.tick\n" in frame and '"seq": 2' in frame
 
 
+@pytest.mark.django_db(transaction=True)  # the stream reads in worker threads: rows must be committed
 def test_events_stream_api_resumes_from_last_event_id_or_after(operator: User) -> None:
     session = _session_with_events(operator, 6)
     token = api_token(operator)
@@ -350,6 +352,7 @@ def test_events_stream_api_resumes_from_last_event_id_or_after(operator: User) -
     assert _ids(_stream(token, path, {"Last-Event-ID": "6"})[2]) == []
 
 
+@pytest.mark.django_db(transaction=True)  # the stream reads in worker threads: rows must be committed
 def test_events_stream_api_sends_heartbeat_comments(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sessions_app.streams.HEARTBEAT_SECONDS", 0.05)
     session = factories.session(owner=operator)

@@ -142,7 +142,7 @@ def test_event_stream_reads_an_event_the_channel_layer_lost_from_the_database() 
     assert _read_stream(session.id, until_seq=4, on_seq={2: lose_three_then_record_four}) == [1, 2, 3, 4]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the stream reads in worker threads: the rows must be committed
 def test_events_stream_api_sends_25000_events_each_once_in_order(operator: User) -> None:
     session = factories.session(owner=operator)  # seq 1
     total = 25_000
