@@ -13,6 +13,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.auth import AuthMiddleware, get_user
+from channels.consumer import get_handler_name
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.middleware import BaseMiddleware
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.db import close_old_connections
@@ -46,3 +48,22 @@ class OffThreadAuthMiddleware(AuthMiddleware):
 
 def AuthMiddlewareStack(inner: Any) -> BaseMiddleware:  # noqa: N802 (named like channels' own)
     return CookieMiddleware(SessionMiddleware(OffThreadAuthMiddleware(inner)))
+
+
+class JsonConsumer(AsyncJsonWebsocketConsumer):
+    """A JSON WebSocket consumer whose messages never wait for the sync-view thread.
+
+    Channels' AsyncConsumer.dispatch runs ``close_old_connections`` on that one thread before
+    every message: every live event, for every connected client, queued behind every HTTP request
+    of the process (measured: seconds of push latency with 200 watchers). Our consumers touch the
+    database only through ``database_read``, which hands its connection back itself.
+    """
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+
+

@@ -9,11 +9,10 @@ them twice is harmless: the fragments upsert or remove one item by request id.
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from agentops.asyncdb import database_read
+from agentops.asyncdb import JsonConsumer, database_read
 from agentops.permissions import VIEW_APPROVALS, has_perm
 from sessions_app import selectors
 from sessions_app.announce import APPROVALS_GROUP
@@ -40,7 +39,7 @@ def _may_view(user: Any) -> bool:
     return has_perm(user, VIEW_APPROVALS)
 
 
-class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
+class ApprovalsConsumer(JsonConsumer):
     joined: bool = False
     ready: bool = False
 

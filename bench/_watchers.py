@@ -41,6 +41,8 @@ class Watcher:
         self.reconnects = 0
         self.errors: list[str] = []
         self.pending_resend: dict[str, Any] | None = None
+        self.connected_at = 0.0
+        self.first_message_at = 0.0
 
     async def run(self, http: aiohttp.ClientSession, base: str, deadline: Deadline) -> None:
         """Watch until the deadline; a dropped connection is opened again from the last seq seen,
@@ -60,12 +62,14 @@ class Watcher:
         ws_url = base.replace("http://", "ws://") + f"/ws/sessions/{self.session_id}/"
         async with http.ws_connect(ws_url, origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=2)) as ws:
             closer = asyncio.create_task(_close_at(ws, deadline))
+            self.connected_at = self.connected_at or time.time()
             try:
                 await ws.send_json({"type": "hello", "last_seq": self.last})
                 live_after = time.time()
                 async for message in ws:
                     if message.type != aiohttp.WSMsgType.TEXT:
                         break
+                    self.first_message_at = self.first_message_at or time.time()
                     self._receive(ws, json.loads(message.data), live_after)
                     if self.pending_resend is not None:
                         await ws.send_json(self.pending_resend)
@@ -101,10 +105,13 @@ async def main() -> None:
     base, username, password, per_session, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
         float(sys.argv[5])
     deadline = Deadline(seconds)
+    started = time.time()
     jar = aiohttp.CookieJar(unsafe=True)
     watchers: list[Watcher] = []
     tasks: list[asyncio.Task[None]] = []
-    async with aiohttp.ClientSession(cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None)) as http:
+    # No cap on connections: aiohttp's default of 100 held the other watchers back until the end.
+    async with aiohttp.ClientSession(cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None),
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
         async with http.get(f"{base}/login/") as page:
             await page.text()
         token = next((c.value for c in jar if c.key == "csrftoken"), "")
@@ -134,6 +141,8 @@ async def main() -> None:
         "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],
         "received": {w.session_id: sorted(w.seqs) for w in watchers[::per_session]},
         "per_client": [[w.session_id, len(w.seqs), w.last] for w in watchers],
+        "silent": [[w.session_id[:8], round(w.connected_at - started, 1) if w.connected_at else None]
+                   for w in watchers if not w.first_message_at][:10],
         "gaps": sum(w.gaps for w in watchers), "reconnects": sum(w.reconnects for w in watchers),
         "errors": sorted({e for w in watchers for e in w.errors})[:5]}
     print(json.dumps(report), flush=True)

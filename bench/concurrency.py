@@ -230,6 +230,8 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
     lost = sum(max(0, last.get(uuid.UUID(sid), 0) - count) for sid, count, _ in report["per_client"])
     short = [(sid[:8], count, last.get(uuid.UUID(sid))) for sid, count, _ in report["per_client"]
              if count < last.get(uuid.UUID(sid), 0)]
+    if report.get("silent"):
+        print(f"  (watchers that never got a message: (session, connected after s) {report['silent']})")
     if short:
         print(f"  (watchers short of events: {len(short)}, e.g. (session, received, stored) {short[:3]})")
     lat = report["latencies_ms"]

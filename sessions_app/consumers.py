@@ -10,9 +10,7 @@ can also ask again for a range it misses (``resend``).
 
 from typing import Any
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-
-from agentops.asyncdb import database_read
+from agentops.asyncdb import JsonConsumer, database_read
 from agentops.permissions import VIEW_SESSIONS, has_perm
 from sessions_app import selectors
 from sessions_app.announce import session_group
@@ -37,7 +35,7 @@ def _may_view(user: Any, session_id: Any) -> bool:
     return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id)
 
 
-class SessionConsumer(AsyncJsonWebsocketConsumer):
+class SessionConsumer(JsonConsumer):
     session_id: str
     group: str = ""
     feed: EventFeed | None = None  # set by the hello
