@@ -10,8 +10,10 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from agentops.asyncdb import AuthMiddlewareStack  # noqa: E402
 from agentops.routing import websocket_urlpatterns  # noqa: E402
+from agentops.runtime import tune_gc  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
+tune_gc()  # the application is built: what daphne keeps for its lifetime is in memory

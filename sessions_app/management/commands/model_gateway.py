@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from agentops.runtime import tune_gc
 from sessions_app.engine.gateway import Gateway
 
 
@@ -29,4 +30,5 @@ class Command(BaseCommand):
 
         self.stdout.write(f"model gateway {gateway.name} reading {gateway.concurrency} calls at once")
         self.stdout.flush()
+        tune_gc()
         asyncio.run(main())
