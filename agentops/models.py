@@ -37,3 +37,44 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class TeamRole(models.TextChoices):
+    OPERATOR = "operator", "Operator"
+    REVIEWER = "reviewer", "Reviewer"
+    BOTH = "both", "Operator and reviewer"
+
+
+class Team(models.Model):
+    """Who may see and act on which agents and sessions: everything an operator or reviewer reads
+    goes through a team-scoped selector (``agentops/teams.py``)."""
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=64, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="TeamMembership", related_name="teams")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TeamMembership(models.Model):
+    Role = TeamRole
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships")
+    role = models.CharField(max_length=16, choices=TeamRole.choices, default=TeamRole.OPERATOR)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="teammembership_unique"),
+            models.CheckConstraint(condition=models.Q(role__in=TeamRole.values), name="teammembership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"

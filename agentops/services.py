@@ -1,14 +1,16 @@
-"""API tokens: minted once, stored as a SHA-256, checked in constant time by lookup of the hash."""
+"""API tokens: minted once, stored as a SHA-256, checked in constant time by lookup of the hash.
+Users for scripts: roles and team memberships."""
 
 import secrets
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group, User
+from django.db import transaction
 from django.utils import timezone
 
-from agentops.domain import NotFound
-from agentops.models import ApiToken
+from agentops.domain import InvalidArguments, NotFound
+from agentops.models import ApiToken, Team, TeamMembership, TeamRole
 from agentops.selectors import TOKEN_PREFIX, api_token_get, token_sha256
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -35,3 +37,45 @@ def api_token_authenticate(token: str) -> AbstractBaseUser | None:
         # Minute resolution is enough to see which tokens are in use: a write per request is not.
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
     return row.user
+
+
+# A role name on the command line → the group that holds its permissions.
+ROLE_GROUPS = {"operator": "operators", "reviewer": "reviewers", "admin": "admins"}
+
+
+@transaction.atomic
+def user_provision(*, username: str, roles: list[str], teams: list[str],
+                   password: str | None = None) -> tuple[User, bool]:
+    """Create or update a user: its groups become exactly ``roles`` and its memberships exactly
+    ``teams``, each with the team role the roles give (operator, reviewer or both). An unknown
+    role or team is refused (InvalidArguments) and nothing changes."""
+    unknown_roles = sorted(set(roles) - set(ROLE_GROUPS))
+    if unknown_roles:
+        raise InvalidArguments(f"Unknown role(s): {', '.join(unknown_roles)} (known: {', '.join(ROLE_GROUPS)})",
+                               details={"roles": unknown_roles})
+    team_rows = {t.slug: t for t in Team.objects.filter(slug__in=teams)}
+    unknown_teams = sorted(set(teams) - set(team_rows))
+    if unknown_teams:
+        raise InvalidArguments(f"Unknown team(s): {', '.join(unknown_teams)} (create them in the admin first)",
+                               details={"teams": unknown_teams})
+    groups = {g.name: g for g in Group.objects.filter(name__in=[ROLE_GROUPS[r] for r in roles])}
+    missing = sorted({ROLE_GROUPS[r] for r in roles} - set(groups))
+    if missing:
+        raise InvalidArguments(f"The role groups are missing: {', '.join(missing)} (run migrate)")
+    if not username.strip():
+        raise InvalidArguments("The username must not be empty.")
+    user, created = User.objects.get_or_create(username=username)
+    if password is not None:
+        user.set_password(password)
+    elif created:
+        user.set_unusable_password()
+    user.is_staff = user.is_superuser = "admin" in roles
+    user.save()
+    user.groups.set(groups.values())
+    operator = bool({"operator", "admin"} & set(roles))
+    reviewer = bool({"reviewer", "admin"} & set(roles))
+    role = TeamRole.BOTH if operator and reviewer else TeamRole.REVIEWER if reviewer else TeamRole.OPERATOR
+    TeamMembership.objects.filter(user=user).exclude(team__slug__in=teams).delete()
+    for team in team_rows.values():
+        TeamMembership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    return user, created

@@ -35,21 +35,22 @@ def approvals_list_api(request: AuthedRequest, status: str | None = None, sessio
     require_perm(request.user, VIEW_APPROVALS)
     if status and status not in ApprovalRequest.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": ApprovalRequest.Status.values})
-    return get_paginated_response(queryset=selectors.approvals_list(status=status, session=session, tool=tool),
+    qs = selectors.approvals_list(user=request.user, status=status, session=session, tool=tool)
+    return get_paginated_response(queryset=qs,
                                   cursor=cursor, limit=limit, serialize=approval_out)
 
 
 @router.get("/approvals/{request_id}", response={200: ApprovalOut, **ERRORS})
 def approval_get_api(request: AuthedRequest, request_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_APPROVALS)
-    return approval_out(selectors.approval_get(request_id))
+    return approval_out(selectors.approval_get(request_id, user=request.user))
 
 
 @router.post("/approvals/{request_id}/decision", response={200: ApprovalOut, **ERRORS})
 def approval_decide_api(request: AuthedRequest, request_id: str, payload: ApprovalDecideIn) -> dict[str, Any]:
     # approval_decide checks the reviewer's permission (and four-eyes) itself.
     approval = services.approval_decide(
-        request_id=selectors.approval_get(request_id).request_id, actor=request.user,
+        request_id=selectors.approval_get(request_id, user=request.user).request_id, actor=request.user,
         decision=payload.decision, reason=payload.reason, seen_hash=payload.arguments_sha256,
         arguments=payload.arguments, remember=payload.remember)
-    return approval_out(selectors.approval_get(approval.request_id))
+    return approval_out(selectors.approval_get(approval.request_id, user=request.user))

@@ -13,9 +13,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentops.asyncdb import JsonConsumer, database_read
+from agentops.models import Team
 from agentops.permissions import VIEW_APPROVALS, has_perm
+from agentops.teams import team_ids
 from sessions_app import selectors
-from sessions_app.announce import APPROVALS_GROUP
+from sessions_app.announce import approvals_group
 from sessions_app.fragments import render_event_fragments
 
 # An event is stamped inside its transaction, before it commits: look back a little further.
@@ -24,23 +26,30 @@ BACKLOG_PAGE = 500
 Position = tuple[datetime, int]  # (created_at, id) of the last event sent
 
 
-def load_approval_events(since: datetime,
+def load_approval_events(user: Any, since: datetime,
                          after: Position | None = None) -> tuple[list[dict[str, Any]], Position | None]:
-    """A page of the approval events stamped since ``since`` (after ``after``), each with its
-    fragment, and where the next page starts."""
-    rows = selectors.events_since(type_prefix="approval.", since=since - COMMIT_SKEW, limit=BACKLOG_PAGE, after=after)
+    """A page of the approval events of the user's teams stamped since ``since`` (after
+    ``after``), each with its fragment, and where the next page starts."""
+    rows = selectors.events_since(user=user, type_prefix="approval.", since=since - COMMIT_SKEW, limit=BACKLOG_PAGE,
+                                  after=after)
     events = [e.as_dict() for e in rows]
     messages = [{"type": "event", "event": event, "html": html}
                 for event, html in zip(events, render_event_fragments(events), strict=True)]
     return messages, ((rows[-1].created_at, rows[-1].id) if rows else after)
 
 
-def _may_view(user: Any) -> bool:
-    return has_perm(user, VIEW_APPROVALS)
+def _queue_groups(user: Any) -> list[str] | None:
+    """The queue groups of the user's teams (every team for an admin); None: may not view."""
+    if not has_perm(user, VIEW_APPROVALS):
+        return None
+    ids = team_ids(user)
+    if ids is None:
+        ids = list(Team.objects.values_list("id", flat=True))
+    return [approvals_group(team_id) for team_id in ids]
 
 
 class ApprovalsConsumer(JsonConsumer):
-    joined: bool = False
+    groups_joined: list[str]
     ready: bool = False
 
     async def connect(self) -> None:
@@ -48,16 +57,18 @@ class ApprovalsConsumer(JsonConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
-        if not await database_read(_may_view)(user):
+        groups = await database_read(_queue_groups)(user)
+        if groups is None:
             await self.close(code=4403)
             return
-        await self.channel_layer.group_add(APPROVALS_GROUP, self.channel_name)
-        self.joined = True
+        self.groups_joined = groups
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        if self.joined:
-            await self.channel_layer.group_discard(APPROVALS_GROUP, self.channel_name)
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not isinstance(content, dict) or content.get("type") != "hello":
@@ -67,7 +78,7 @@ class ApprovalsConsumer(JsonConsumer):
             since = since.replace(tzinfo=UTC)
         position: Position | None = None
         while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
-            messages, position = await database_read(load_approval_events)(since, position)
+            messages, position = await database_read(load_approval_events)(self.scope["user"], since, position)
             for message in messages:
                 await self.send_json(message)
             if len(messages) < BACKLOG_PAGE:

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from agentops.domain import StateMachine, status_constraint
+from agentops.models import Team
 from sessions_app.models import AgentSession, Step, Turn
 from tools_app.models import ApprovalMode
 
@@ -50,6 +51,8 @@ class ApprovalRequest(StateMachine, models.Model):
     request_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TOOL)
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="approval_requests")
+    # The session's team, copied: the queue filters on it without a join, events carry it.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="+")
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="approval_requests")
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="approval_requests")
     tool_name = models.CharField(max_length=64)

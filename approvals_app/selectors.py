@@ -9,31 +9,34 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agentops.domain import NotFound
+from agentops.teams import scope
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 
 
-def approval_get(request_id: Any) -> ApprovalRequest:
+def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
+    """A request of the user's teams; NotFound otherwise."""
     try:
-        qs = ApprovalRequest.objects.select_related("decided_by", "session")
+        qs = scope(ApprovalRequest.objects.select_related("decided_by", "session"), user)
         return qs.get(request_id=uuid.UUID(str(request_id)))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
 
 
-def approval_get_for_page(request_id: Any) -> ApprovalRequest:
-    """An approval with everything its decision page shows (one query); NotFound otherwise."""
+def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
+    """An approval of the user's teams with everything its decision page shows (one query);
+    NotFound otherwise."""
     try:
-        return (ApprovalRequest.objects.select_related("session__agent", "session__owner", "turn__created_by",
-                                                       "step", "decided_by")
+        return (scope(ApprovalRequest.objects.all(), user)
+                .select_related("session__agent", "session__owner", "turn__created_by", "step", "decided_by")
                 .get(request_id=uuid.UUID(str(request_id))))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
 
 
-def approvals_list(*, status: str | None = None, session: str | None = None, tool: str | None = None,
+def approvals_list(*, user: Any, status: str | None = None, session: str | None = None, tool: str | None = None,
                    agent: str | None = None, risk: str | None = None,
                    oldest_first: bool = False) -> "QuerySet[ApprovalRequest]":
-    qs = ApprovalRequest.objects.select_related("decided_by", "session", "session__agent")
+    qs = scope(ApprovalRequest.objects.select_related("decided_by", "session", "session__agent"), user)
     if status:
         qs = qs.filter(status=status)
     if session:
@@ -50,23 +53,24 @@ def approvals_list(*, status: str | None = None, session: str | None = None, too
     return qs.order_by(*(["created_at", "id"] if oldest_first else ["-created_at", "-id"]))
 
 
-def approval_queue(*, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
+def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
                    limit: int = 100) -> list[ApprovalRequest]:
     """The pending requests with their session, agent, owner and turn. One query."""
-    qs = approvals_list(status=ApprovalRequest.Status.PENDING, tool=tool, agent=agent, risk=risk,
+    qs = approvals_list(user=user, status=ApprovalRequest.Status.PENDING, tool=tool, agent=agent, risk=risk,
                         oldest_first=order != "newest")
     return list(qs.select_related("session__owner", "turn")[:limit])
 
 
-def queue_tools() -> list[str]:
+def queue_tools(*, user: Any) -> list[str]:
     """The tools that have pending requests (the queue filter's choices)."""
-    return list(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING).order_by("tool_name")
+    return list(scope(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING), user)
+                .order_by("tool_name")
                 .values_list("tool_name", flat=True).distinct())
 
 
-def pending_summary() -> tuple[int, ApprovalRequest | None]:
-    """How many requests wait for a reviewer, and the oldest of them. Two queries."""
-    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+def pending_summary(*, user: Any) -> tuple[int, ApprovalRequest | None]:
+    """How many requests of the user's teams wait for a reviewer, and the oldest. Two queries."""
+    pending = scope(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING), user)
     return pending.count(), pending.select_related("session").order_by("created_at").first()
 
 

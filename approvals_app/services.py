@@ -61,7 +61,8 @@ def arguments_hash(*, tool_name: str, arguments: Any, sandbox_backend: str = "",
 
 
 def _public(approval: ApprovalRequest) -> dict[str, Any]:
-    return {"request_id": str(approval.request_id), "kind": approval.kind, "tool": approval.tool_name,
+    return {"request_id": str(approval.request_id), "team_id": approval.team_id, "kind": approval.kind,
+            "tool": approval.tool_name,
             "status": approval.status, "arguments_sha256": approval.arguments_sha256,
             "approval_mode": approval.approval_mode, "risk": approval.risk}
 
@@ -100,7 +101,8 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
         return existing
     ttl = ttl_seconds if ttl_seconds is not None else settings.AGENTOPS_APPROVAL_TTL_SECONDS
     approval = ApprovalRequest.objects.create(
-        kind=kind, session_id=step.session_id, turn_id=step.turn_id, step=step, tool_name=step.tool_name,
+        kind=kind, session_id=step.session_id, team_id=step.session.team_id, turn_id=step.turn_id, step=step,
+        tool_name=step.tool_name,
         arguments=step.arguments, approval_mode=step.approval_mode or ApprovalMode.MUTATING, risk=risk,
         risk_note=risk_note, sandbox_backend=sandbox_backend, network_policy=network_policy, preview=preview,
         arguments_sha256=arguments_hash(tool_name=step.tool_name, arguments=step.arguments,

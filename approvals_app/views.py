@@ -39,10 +39,11 @@ QUEUE_LIMIT = 100
 def approval_queue_view(request: AuthedRequest) -> HttpResponse:
     f = {name: request.GET.get(name, "").strip() for name in ("tool", "agent", "risk")}
     f["order"] = "newest" if request.GET.get("order") == "newest" else "oldest"
-    approvals = selectors.approval_queue(order=f["order"], tool=f["tool"], agent=f["agent"], risk=f["risk"],
+    approvals = selectors.approval_queue(user=request.user, order=f["order"], tool=f["tool"], agent=f["agent"],
+                                         risk=f["risk"],
                                          limit=QUEUE_LIMIT)
-    context = {"nav": "approvals", "f": f, "approvals": approvals, "tools": selectors.queue_tools(),
-               "agents": session_selectors.agents_all(), "risks": RISKS, "now": timezone.now(),
+    context = {"nav": "approvals", "f": f, "approvals": approvals, "tools": selectors.queue_tools(user=request.user),
+               "agents": session_selectors.agents_all(user=request.user), "risks": RISKS, "now": timezone.now(),
                "can_decide": has_perm(request.user, DECIDE_APPROVALS),
                "qs_without_order": urlencode({k: v for k, v in f.items() if v and k != "order"})}
     return render(request, "dashboard/approval_queue.html", context)
@@ -87,9 +88,9 @@ def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "
     return render(request, "dashboard/approval_detail.html", context, status=status)
 
 
-def _approval_or_404(request_id: UUID) -> ApprovalRequest:
+def _approval_or_404(request: AuthedRequest, request_id: UUID) -> ApprovalRequest:
     try:
-        return selectors.approval_get_for_page(request_id)
+        return selectors.approval_get_for_page(request_id, user=request.user)
     except NotFound as exc:
         raise Http404("No such approval request") from exc
 
@@ -98,13 +99,13 @@ def _approval_or_404(request_id: UUID) -> ApprovalRequest:
 @login_required
 @permission_required(VIEW_APPROVALS, raise_exception=True)
 def approval_detail_view(request: AuthedRequest, request_id: UUID) -> HttpResponse:
-    return _detail(request, _approval_or_404(request_id))
+    return _detail(request, _approval_or_404(request, request_id))
 
 
 @require_POST
 @login_required
 def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResponse:
-    approval = _approval_or_404(request_id)
+    approval = _approval_or_404(request, request_id)
     from_queue = request.POST.get("from") == "queue" and request.htmx
     seen_hash = request.POST.get("arguments_sha256", "")
     edit_form = _edit_form(approval, data=request.POST) if request.POST.get("edit") == "1" else None
@@ -128,7 +129,7 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
             response = render(request, "dashboard/_queue_item.html",
                               {"approval": approval, "can_decide": True, "error": message}, status=exc.status)
             return reswap(retarget(response, f"#approval-{approval.request_id}"), "outerHTML")
-        approval = _approval_or_404(request_id)  # show what is current now
+        approval = _approval_or_404(request, request_id)  # show what is current now
         return _detail(request, approval, error=message, error_details=details, edit_form=edit_form,
                        status=exc.status)
     if from_queue:

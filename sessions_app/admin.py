@@ -6,8 +6,9 @@ from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Ste
 
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "model", "base_url", "enabled", "max_tool_calls", "max_tokens", "updated_at"]
-    list_filter = ["enabled", "model"]
+    list_display = ["name", "slug", "team", "model", "base_url", "enabled", "max_tool_calls", "max_tokens",
+                    "updated_at"]
+    list_filter = ["enabled", "team", "model"]
     search_fields = ["name", "slug", "instructions"]
     prepopulated_fields = {"slug": ["name"]}
     filter_horizontal = ["tools"]
@@ -26,7 +27,7 @@ class TurnInline(admin.TabularInline):
 class AgentSessionAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "agent", "owner", "status", "tool_calls", "model_calls", "last_event_at",
                     "created_at"]
-    list_filter = ["status", "agent"]
+    list_filter = ["status", "team", "agent"]
     search_fields = ["id", "title", "owner__username"]
     list_select_related = ["agent", "owner"]
     readonly_fields = ["id", "status", "last_seq", "last_event_at", "tool_calls", "model_calls", "prompt_tokens",

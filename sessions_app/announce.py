@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_SECONDS = 2.0
 QUEUE_LIMIT = 10_000
 BATCH_LIMIT = 200
-APPROVALS_GROUP = "approvals"
 
 # Renders the HTML fragments of events for the dashboard, set by SessionsAppConfig.ready();
 # None renders nothing (the payload alone is announced).
@@ -40,6 +39,11 @@ _lock = threading.Lock()
 
 def session_group(session_id: object) -> str:
     return f"session.{session_id}"
+
+
+def approvals_group(team_id: object) -> str:
+    """The reviewers' queue of one team: a reviewer's socket joins the groups of their teams only."""
+    return f"approvals.team.{team_id}"
 
 
 def _get_loop() -> asyncio.AbstractEventLoop:
@@ -80,8 +84,9 @@ def _messages(events: list[dict[str, Any]], htmls: list[str]) -> list[tuple[str,
 
 def _groups_of(event: dict[str, Any]) -> list[str]:
     groups = [session_group(event["session_id"])]
-    if str(event["type"]).startswith("approval."):
-        groups.append(APPROVALS_GROUP)
+    team_id = (event.get("payload") or {}).get("team_id")
+    if str(event["type"]).startswith("approval.") and team_id is not None:
+        groups.append(approvals_group(team_id))
     return groups
 
 

@@ -51,7 +51,7 @@ def session_out(s: AgentSession) -> dict[str, Any]:
 @router.post("/sessions", response={201: SessionCreatedOut, **ERRORS})
 def session_start_api(request: AuthedRequest, payload: SessionCreateIn) -> Status[dict[str, Any]]:
     require_perm(request.user, OPERATE_SESSIONS)
-    agent = selectors.agent_get(payload.agent)
+    agent = selectors.agent_get(payload.agent, user=request.user)
     session, turn = engine.session_start(
         agent=agent, owner=request.user, input=payload.input or "", title=payload.title or "",
         pinned=payload.pinned, budget=payload.budget, metadata=payload.metadata,
@@ -65,28 +65,28 @@ def sessions_list_api(request: AuthedRequest, status: str | None = None, agent: 
     require_perm(request.user, VIEW_SESSIONS)
     if status and status not in AgentSession.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": AgentSession.Status.values})
-    return get_paginated_response(queryset=selectors.sessions_list(status=status, agent=agent, q=q),
+    return get_paginated_response(queryset=selectors.sessions_list(user=request.user, status=status, agent=agent, q=q),
                                   cursor=cursor, limit=limit, serialize=session_out)
 
 
 @router.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS})
 def session_get_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
-    return session_out(selectors.session_get(session_id))
+    return session_out(selectors.session_get(session_id, user=request.user))
 
 
 @router.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS})
 def session_cancel_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
     require_perm(request.user, OPERATE_SESSIONS)
-    selectors.session_get(session_id)
-    engine.session_cancel(session_id=session_id, actor=request.user)
-    return session_out(selectors.session_get(session_id))
+    session = selectors.session_to_operate(session_id, user=request.user)
+    engine.session_cancel(session_id=session.id, actor=request.user)
+    return session_out(selectors.session_get(session.id, user=request.user))
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})
 def turn_submit_api(request: AuthedRequest, session_id: str, payload: TurnCreateIn) -> Status[Turn]:
     require_perm(request.user, OPERATE_SESSIONS)
-    session = selectors.session_get(session_id)
+    session = selectors.session_to_operate(session_id, user=request.user)
     turn = engine.turn_submit(session_id=session.id, input=payload.input, actor=request.user,
                               idempotency_key=request.headers.get("Idempotency-Key", ""))
     return Status(201, turn)
@@ -95,13 +95,13 @@ def turn_submit_api(request: AuthedRequest, session_id: str, payload: TurnCreate
 @router.get("/sessions/{session_id}/turns", response={200: list[TurnOut], **ERRORS})
 def turns_list_api(request: AuthedRequest, session_id: str) -> list[Turn]:
     require_perm(request.user, VIEW_SESSIONS)
-    return selectors.turns_of_session(selectors.session_get(session_id).id)
+    return selectors.turns_of_session(selectors.session_get(session_id, user=request.user).id)
 
 
 @router.get("/turns/{turn_id}", response={200: TurnDetailOut, **ERRORS})
 def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
-    turn = selectors.turn_get(turn_id)
+    turn = selectors.turn_get(turn_id, user=request.user)
     data = TurnOut.from_orm(turn).dict()
     data["steps"] = [StepOut.from_orm(s).dict() for s in selectors.turn_steps(turn.id)]
     return data
@@ -110,7 +110,7 @@ def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
 @router.get("/sessions/{session_id}/events", response={200: EventPageOut, **ERRORS})
 def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
-    session = selectors.session_get(session_id)
+    session = selectors.session_get(session_id, user=request.user)
     limit = max(1, min(limit, 1000))
     items = selectors.events_after(session_id=session.id, after=max(0, after), limit=limit)
     return {"items": items, "next_after": items[-1].seq if items else max(0, after)}
@@ -123,7 +123,7 @@ def events_stream_api(request: AuthedRequest, session_id: str, after: int | None
     """Server-Sent Events: the backlog after ``after`` (else ``Last-Event-ID``, else 0), then live
     events, each once and in seq order (``sessions_app/streams.py``)."""
     require_perm(request.user, VIEW_SESSIONS)
-    session = selectors.session_get(session_id)
+    session = selectors.session_get(session_id, user=request.user)
     last_event_id = request.headers.get("Last-Event-ID", "")
     start = after if after is not None else int(last_event_id) if last_event_id.isdigit() else 0
     response = StreamingHttpResponse(streams.event_stream(session.id, start, max_seconds=max_seconds),
@@ -136,7 +136,7 @@ def events_stream_api(request: AuthedRequest, session_id: str, after: int | None
 @router.post("/sessions/{session_id}/tool-outputs", response={200: StepOut, **ERRORS})
 def tool_output_submit_api(request: AuthedRequest, session_id: str, payload: ToolOutputIn) -> Any:
     require_perm(request.user, OPERATE_SESSIONS)
-    session = selectors.session_get(session_id)
+    session = selectors.session_to_operate(session_id, user=request.user)
     return engine.tool_output_submit(session_id=session.id, call_id=payload.call_id, output=payload.output,
                                      success=payload.success)
 
@@ -144,13 +144,13 @@ def tool_output_submit_api(request: AuthedRequest, session_id: str, payload: Too
 @router.get("/sessions/{session_id}/artifacts", response={200: list[ArtifactOut], **ERRORS})
 def artifacts_list_api(request: AuthedRequest, session_id: str) -> Any:
     require_perm(request.user, VIEW_SESSIONS)
-    return selectors.artifacts_of_session(selectors.session_get(session_id).id)
+    return selectors.artifacts_of_session(selectors.session_get(session_id, user=request.user).id)
 
 
 @router.get("/artifacts/{artifact_id}/content", response={200: None, **ERRORS})
 def artifact_content_api(request: AuthedRequest, artifact_id: str) -> FileResponse:
     require_perm(request.user, VIEW_SESSIONS)
-    return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id))
+    return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id, user=request.user))
 
 
 @router.get("/agents", response={200: list[AgentOut], **ERRORS})
@@ -159,7 +159,7 @@ def agents_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
     return [{"slug": a.slug, "name": a.name, "model": a.model, "tools": [t.name for t in a.tools.all()],
              "budget": {"max_tool_calls": a.max_tool_calls, "max_model_calls": a.max_model_calls,
                         "max_tokens": a.max_tokens, "max_wall_seconds": a.max_wall_seconds}}
-            for a in selectors.agents_enabled()]
+            for a in selectors.agents_enabled(user=request.user)]
 
 
 @router.get("/tools", response={200: list[ToolOut], **ERRORS})

@@ -32,7 +32,7 @@ def load_messages(session_id: Any, after: int, until: int | None, limit: int) ->
 
 
 def _may_view(user: Any, session_id: Any) -> bool:
-    return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id)
+    return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id, user=user)
 
 
 class SessionConsumer(JsonConsumer):

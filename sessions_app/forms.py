@@ -3,6 +3,7 @@
 from typing import Any
 
 from django import forms
+from django.db.models import QuerySet
 
 from sessions_app.models import AgentProfile
 
@@ -12,13 +13,17 @@ def _lines(value: str) -> list[str]:
 
 
 class SessionStartForm(forms.Form):
-    agent = forms.ModelChoiceField(queryset=AgentProfile.objects.filter(enabled=True).order_by("name"),
-                                   to_field_name="slug", empty_label=None)
+    agent = forms.ModelChoiceField(queryset=AgentProfile.objects.none(), to_field_name="slug", empty_label=None)
     title = forms.CharField(max_length=200, required=False)
     input = forms.CharField(widget=forms.Textarea(attrs={"rows": 5, "class": "mono"}), max_length=100_000)
     requirements = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
     prohibitions = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
     acceptance_criteria = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+    def __init__(self, *args: Any, agents: "QuerySet[AgentProfile]", **kwargs: Any) -> None:
+        """``agents``: the ones the user may start (``selectors.agents_to_start``)."""
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].queryset = agents  # type: ignore[attr-defined]
 
     def pinned(self) -> dict[str, Any]:
         return {name: _lines(self.cleaned_data[name]) for name in ("requirements", "prohibitions",

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from agentops.domain import StateMachine, status_constraint
+from agentops.models import Team
 from tools_app.models import ApprovalMode, ToolDefinition
 
 
@@ -26,6 +27,7 @@ class AgentProfile(models.Model):
 
     name = models.CharField(max_length=120)
     slug = models.SlugField(max_length=64, unique=True)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="agents")
     instructions = models.TextField(blank=True)
     base_url = models.CharField(max_length=300, blank=True,
                                 help_text="OpenAI-compatible endpoint; empty = OPENAI_BASE_URL or OpenAI.")
@@ -87,6 +89,8 @@ class AgentSession(StateMachine, models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.ForeignKey(AgentProfile, on_delete=models.PROTECT, related_name="sessions")
+    # The agent's team when the session started: moving an agent later does not move its sessions.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="sessions")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent_sessions")
     title = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.IDLE)

@@ -18,6 +18,7 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from agentops.domain import NotFound
+from agentops.teams import OPERATE_ROLES, require_team_role, scope
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
 
@@ -41,14 +42,24 @@ def _get(qs: QuerySet[Any], pk: Any, what: str) -> Any:
 
 # --- sessions ------------------------------------------------------------------------------
 
-def session_get(session_id: Any) -> AgentSession:
-    """The session with its agent and owner; NotFound for an unknown or malformed id."""
-    return _get(AgentSession.objects.select_related("agent", "owner"), session_id, "session")
+def session_get(session_id: Any, *, user: Any) -> AgentSession:
+    """The session with its agent and owner; NotFound for an unknown or malformed id and for a
+    session outside the user's teams."""
+    return _get(scope(AgentSession.objects.select_related("agent", "owner"), user), session_id, "session")
 
 
-def session_exists(session_id: Any) -> bool:
+def session_to_operate(session_id: Any, *, user: Any) -> AgentSession:
+    """A session the user may drive (send input, cancel, submit tool outputs): NotFound outside
+    the user's teams, PermissionDenied when their role in its team is reviewer only."""
+    session = session_get(session_id, user=user)
+    require_team_role(user, session.team_id, OPERATE_ROLES, what="operate its sessions")
+    return session
+
+
+def session_exists(session_id: Any, *, user: Any) -> bool:
+    """Is there such a session in the user's teams?"""
     key = _uuid(session_id)
-    return key is not None and AgentSession.objects.filter(pk=key).exists()
+    return key is not None and scope(AgentSession.objects.filter(pk=key), user).exists()
 
 
 def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
@@ -57,10 +68,10 @@ def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
     return {str(s.id): s for s in AgentSession.objects.filter(pk__in=keys)} if keys else {}
 
 
-def sessions_list(*, status: str | None = None, agent: str | None = None, owner: str | None = None,
+def sessions_list(*, user: Any, status: str | None = None, agent: str | None = None, owner: str | None = None,
                   q: str | None = None) -> QuerySet[AgentSession]:
-    """Newest first; ``q`` searches titles and turn inputs."""
-    qs = AgentSession.objects.select_related("agent", "owner").order_by("-created_at", "-id")
+    """The sessions of the user's teams, newest first; ``q`` searches titles and turn inputs."""
+    qs = scope(AgentSession.objects.select_related("agent", "owner"), user).order_by("-created_at", "-id")
     if status:
         qs = qs.filter(status=status)
     if agent:
@@ -74,61 +85,68 @@ def sessions_list(*, status: str | None = None, agent: str | None = None, owner:
     return qs
 
 
-def sessions_page(*, status: str = "", agent: str = "", owner: str = "", q: str = "",
+def sessions_page(*, user: Any, status: str = "", agent: str = "", owner: str = "", q: str = "",
                   page: int | str = 1, per_page: int = 25) -> Page[AgentSession]:
     """A page of ``sessions_list``. Two queries (count, page)."""
-    return Paginator(sessions_list(status=status, agent=agent, owner=owner, q=q), per_page).get_page(page)
+    return Paginator(sessions_list(user=user, status=status, agent=agent, owner=owner, q=q), per_page).get_page(page)
 
 
-def session_owners() -> list[User]:
-    """Everyone who owns a session, by username (a filter's choices)."""
-    owners = AgentSession.objects.order_by().values("owner_id")
+def session_owners(*, user: Any) -> list[User]:
+    """Everyone who owns a session in the user's teams, by username (a filter's choices)."""
+    owners = scope(AgentSession.objects.order_by(), user).values("owner_id")
     return list(User.objects.filter(pk__in=owners).order_by("username"))
 
 
-def session_status_counts() -> dict[str, int]:
-    """How many sessions are in each status (every status present, 0 when none). One query."""
+def session_status_counts(*, user: Any) -> dict[str, int]:
+    """How many sessions of the user's teams are in each status (every status present, 0 when
+    none). One query."""
     counts = dict.fromkeys(AgentSession.Status.values, 0)
-    for row in AgentSession.objects.order_by().values("status").annotate(n=Count("id")):
+    for row in scope(AgentSession.objects.order_by(), user).values("status").annotate(n=Count("id")):
         counts[row["status"]] = row["n"]
     return counts
 
 
-def sessions_stuck(*, now: datetime, quiet_for: timedelta, limit: int = 10) -> list[AgentSession]:
+def sessions_stuck(*, user: Any, now: datetime, quiet_for: timedelta, limit: int = 10) -> list[AgentSession]:
     """Sessions in progress with no event for ``quiet_for``, the quietest first."""
-    return list(AgentSession.objects.filter(status=AgentSession.Status.IN_PROGRESS,
+    return list(scope(AgentSession.objects.all(), user).filter(status=AgentSession.Status.IN_PROGRESS,
                                             last_event_at__lt=now - quiet_for)
                 .select_related("agent").order_by("last_event_at")[:limit])
 
 
-def sessions_recent(*, limit: int = 8) -> list[AgentSession]:
+def sessions_recent(*, user: Any, limit: int = 8) -> list[AgentSession]:
     """The sessions with the latest events."""
-    return list(AgentSession.objects.select_related("agent", "owner")
+    return list(scope(AgentSession.objects.select_related("agent", "owner"), user)
                 .order_by("-last_event_at", "-created_at")[:limit])
 
 
 # --- agents --------------------------------------------------------------------------------
 
-def agent_get(slug: str) -> AgentProfile:
+def agent_get(slug: str, *, user: Any) -> AgentProfile:
+    """An agent of a team where the user operates (the one who starts sessions with it)."""
     try:
-        return AgentProfile.objects.get(slug=slug)
+        return scope(AgentProfile.objects.all(), user, roles=OPERATE_ROLES).get(slug=slug)
     except AgentProfile.DoesNotExist as exc:
         raise NotFound(f"No agent {slug!r}", details={"field": "agent"}) from exc
 
 
-def agents_enabled() -> QuerySet[AgentProfile]:
-    return AgentProfile.objects.filter(enabled=True).prefetch_related("tools")
+def agents_enabled(*, user: Any) -> QuerySet[AgentProfile]:
+    return scope(AgentProfile.objects.filter(enabled=True), user).prefetch_related("tools")
 
 
-def agents_all() -> list[AgentProfile]:
-    """Every agent profile, enabled or not, by name (a filter's choices)."""
-    return list(AgentProfile.objects.order_by("name"))
+def agents_all(*, user: Any) -> list[AgentProfile]:
+    """Every agent profile of the user's teams, enabled or not, by name (a filter's choices)."""
+    return list(scope(AgentProfile.objects.all(), user).order_by("name"))
+
+
+def agents_to_start(*, user: Any) -> QuerySet[AgentProfile]:
+    """The enabled agents the user may start a session with."""
+    return scope(AgentProfile.objects.filter(enabled=True), user, roles=OPERATE_ROLES).order_by("name")
 
 
 # --- turns and steps -----------------------------------------------------------------------
 
-def turn_get(turn_id: Any) -> Turn:
-    return _get(Turn.objects.select_related("session"), turn_id, "turn")
+def turn_get(turn_id: Any, *, user: Any) -> Turn:
+    return _get(scope(Turn.objects.select_related("session"), user, field="session__team_id"), turn_id, "turn")
 
 
 def turns_of_session(session_id: Any) -> list[Turn]:
@@ -203,12 +221,13 @@ def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: in
     return list(qs.order_by("seq")[:limit])
 
 
-def events_since(*, type_prefix: str, since: datetime, limit: int,
+def events_since(*, user: Any, type_prefix: str, since: datetime, limit: int,
                  after: tuple[datetime, int] | None = None) -> list[Event]:
     """Events of every session whose type starts with ``type_prefix``, stamped at or after
     ``since``, oldest first (by ``created_at``, then ``id``), at most ``limit``; the next page
     starts ``after`` the (created_at, id) of the last event of the previous one."""
-    qs = Event.objects.filter(type__startswith=type_prefix, created_at__gte=since)
+    qs = scope(Event.objects.filter(type__startswith=type_prefix, created_at__gte=since), user,
+               field="session__team_id")
     if after is not None:
         qs = qs.filter(Q(created_at__gt=after[0]) | Q(created_at=after[0], id__gt=after[1]))
     return list(qs.order_by("created_at", "id")[:limit])
@@ -216,8 +235,9 @@ def events_since(*, type_prefix: str, since: datetime, limit: int,
 
 # --- artifacts -----------------------------------------------------------------------------
 
-def artifact_get(artifact_id: Any) -> Artifact:
-    return _get(Artifact.objects.select_related("session"), artifact_id, "artifact")
+def artifact_get(artifact_id: Any, *, user: Any) -> Artifact:
+    return _get(scope(Artifact.objects.select_related("session"), user, field="session__team_id"), artifact_id,
+                "artifact")
 
 
 def artifacts_of_session(session_id: Any, *, newest_first: bool = False, limit: int | None = None) -> list[Artifact]:
@@ -231,13 +251,13 @@ class ArtifactFile:
     path: Path  # resolved, inside the artifact root, a regular file
 
 
-def artifact_file_get(*, artifact_id: Any, session_id: Any = None) -> ArtifactFile:
+def artifact_file_get(*, artifact_id: Any, user: Any, session_id: Any = None) -> ArtifactFile:
     """An artifact (of ``session_id`` when given) and its stored file.
 
     NotFound for an unknown artifact, and for a file that is missing or resolves outside
     AGENTOPS_ARTIFACT_ROOT (a row pointing elsewhere must not serve the server's files).
     """
-    qs = Artifact.objects.all()
+    qs = scope(Artifact.objects.all(), user, field="session__team_id")
     if session_id is not None:
         qs = qs.filter(session_id=_uuid(session_id))
     artifact: Artifact = _get(qs, artifact_id, "artifact")

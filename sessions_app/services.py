@@ -152,7 +152,7 @@ def _session_row(*, agent: AgentProfile, owner: User, title: str, pinned: Mappin
             raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
         budgets[name] = value
     return AgentSession(
-        agent=agent, owner=owner, title=title[:200],
+        agent=agent, team_id=agent.team_id, owner=owner, title=title[:200],
         requirements=_string_list(pinned.get("requirements"), "requirements"),
         prohibitions=_string_list(pinned.get("prohibitions"), "prohibitions"),
         acceptance_criteria=_string_list(pinned.get("acceptance_criteria"), "acceptance_criteria"),

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -18,7 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from agentops.domain import DomainError, NotFound
+from agentops.domain import DomainError, NotFound, PermissionDenied
 from agentops.health import health_checks
 from agentops.http import AuthedRequest, HtmxHttpRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
@@ -38,12 +39,13 @@ ARTIFACTS_LIMIT = 100
 @require_GET
 @login_required
 def overview_view(request: AuthedRequest) -> HttpResponse:
-    pending, oldest = approval_selectors.pending_summary()
+    pending, oldest = approval_selectors.pending_summary(user=request.user)
     quiet_for = timedelta(minutes=STUCK_AFTER_MINUTES)
-    ov = presenters.Overview(counts=selectors.session_status_counts(), pending_approvals=pending,
-                             oldest_pending=oldest, stuck=selectors.sessions_stuck(now=timezone.now(),
-                                                                                 quiet_for=quiet_for),
-                             recent=selectors.sessions_recent(), stuck_minutes=STUCK_AFTER_MINUTES)
+    user = request.user
+    ov = presenters.Overview(counts=selectors.session_status_counts(user=user), pending_approvals=pending,
+                             oldest_pending=oldest,
+                             stuck=selectors.sessions_stuck(user=user, now=timezone.now(), quiet_for=quiet_for),
+                             recent=selectors.sessions_recent(user=user), stuck_minutes=STUCK_AFTER_MINUTES)
     return render(request, "dashboard/overview.html", {"nav": "overview", "ov": ov})
 
 
@@ -55,7 +57,7 @@ def health_panel_view(request: AuthedRequest) -> HttpResponse:
 
 def _list_context(request: AuthedRequest) -> dict[str, object]:
     f = {name: request.GET.get(name, "").strip() for name in ("status", "agent", "owner", "q")}
-    page = selectors.sessions_page(status=f["status"], agent=f["agent"], owner=f["owner"], q=f["q"],
+    page = selectors.sessions_page(user=request.user, status=f["status"], agent=f["agent"], owner=f["owner"], q=f["q"],
                                    page=request.GET.get("page", 1), per_page=SESSIONS_PER_PAGE)
     return {"f": f, "page": page, "qs": urlencode({k: v for k, v in f.items() if v})}
 
@@ -67,13 +69,13 @@ def session_list_view(request: HtmxHttpRequest) -> HttpResponse:
     context = _list_context(request)
     if request.htmx and request.htmx.target == "session-results":
         return render(request, "dashboard/_session_results.html", context)
-    return _render_list(request, context, SessionStartForm())
+    return _render_list(request, context, SessionStartForm(agents=selectors.agents_to_start(user=request.user)))
 
 
 def _render_list(request: AuthedRequest, context: dict[str, object], form: SessionStartForm,
                  status: int = 200) -> HttpResponse:
     context.update(nav="sessions", form=form, statuses=AgentSession.Status.choices,
-                   agents=selectors.agents_all(), owners=selectors.session_owners(),
+                   agents=selectors.agents_all(user=request.user), owners=selectors.session_owners(user=request.user),
                    can_operate=has_perm(request.user, OPERATE_SESSIONS))
     return render(request, "dashboard/session_list.html", context, status=status)
 
@@ -82,7 +84,7 @@ def _render_list(request: AuthedRequest, context: dict[str, object], form: Sessi
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def session_create_view(request: AuthedRequest) -> HttpResponse:
-    form = SessionStartForm(request.POST)
+    form = SessionStartForm(request.POST, agents=selectors.agents_to_start(user=request.user))
     if form.is_valid():
         try:
             session, _turn = session_start(agent=form.cleaned_data["agent"], owner=request.user,
@@ -95,11 +97,20 @@ def session_create_view(request: AuthedRequest) -> HttpResponse:
     return _render_list(request, _list_context(request), form, status=422)
 
 
-def _session_or_404(session_id: UUID) -> AgentSession:
+def _session_or_404(request: AuthedRequest, session_id: UUID) -> AgentSession:
     try:
-        return selectors.session_get(session_id)
+        return selectors.session_get(session_id, user=request.user)
     except NotFound as exc:
         raise Http404("No such session") from exc
+
+
+def _session_to_operate(request: AuthedRequest, session_id: UUID) -> AgentSession:
+    try:
+        return selectors.session_to_operate(session_id, user=request.user)
+    except NotFound as exc:
+        raise Http404("No such session") from exc
+    except PermissionDenied as exc:
+        raise DjangoPermissionDenied(exc.message) from exc
 
 
 def _timeline(session: AgentSession, *, before: int | None = None) -> tuple[list[presenters.TurnView], int | None]:
@@ -119,7 +130,7 @@ def _timeline(session: AgentSession, *, before: int | None = None) -> tuple[list
 def session_detail_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     # The session row (and its last_seq) is read before the timeline: replaying events after
     # last_seq can only bring the page forward, never skip something.
-    session = _session_or_404(session_id)
+    session = _session_or_404(request, session_id)
     turns, earlier_before = _timeline(session)
     context = {"nav": "sessions", "turns": turns, "earlier_before": earlier_before,
                "artifacts": selectors.artifacts_of_session(session.id, newest_first=True, limit=ARTIFACTS_LIMIT),
@@ -132,7 +143,7 @@ def session_detail_view(request: AuthedRequest, session_id: UUID) -> HttpRespons
 @permission_required(VIEW_SESSIONS, raise_exception=True)
 def session_timeline_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
     """Older turns, for the "load earlier turns" button."""
-    session = _session_or_404(session_id)
+    session = _session_or_404(request, session_id)
     try:
         before = int(request.GET.get("before", ""))
     except ValueError:
@@ -153,6 +164,7 @@ def _back_to_session(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def turn_submit_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    _session_to_operate(request, session_id)
     try:
         turn_submit(session_id=session_id, input=request.POST.get("input", ""), actor=request.user)
     except DomainError as exc:
@@ -164,6 +176,7 @@ def turn_submit_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    _session_to_operate(request, session_id)
     try:
         session_cancel(session_id=session_id, actor=request.user)
     except DomainError as exc:
@@ -178,6 +191,7 @@ def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
 @permission_required(VIEW_SESSIONS, raise_exception=True)
 def artifact_download_view(request: AuthedRequest, session_id: UUID, artifact_id: UUID) -> HttpResponseBase:
     try:
-        return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id, session_id=session_id))
+        return artifact_response(selectors.artifact_file_get(artifact_id=artifact_id, session_id=session_id,
+                                                                 user=request.user))
     except NotFound as exc:
         raise Http404(exc.message) from exc

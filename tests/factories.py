@@ -4,6 +4,7 @@ from typing import Any
 
 from django.contrib.auth.models import Group, User
 
+from agentops.models import Team, TeamMembership
 from sessions_app import services
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
 from tools_app.models import ToolDefinition
@@ -26,13 +27,33 @@ def ensure_roles() -> None:
         importlib.import_module("agentops.migrations.0002_roles").create_roles(apps, None)
 
 
+def team(slug: str = "default", **fields: Any) -> Team:
+    """The team ``slug`` (the default one holds every factory user and agent unless told)."""
+    return Team.objects.get_or_create(slug=slug, defaults={"name": slug.title(), **fields})[0]
+
+
+def role_of_groups(groups: list[str]) -> str:
+    operator = bool({"operators", "admins"} & set(groups))
+    reviewer = bool({"reviewers", "admins"} & set(groups))
+    return "both" if operator and reviewer else "reviewer" if reviewer else "operator"
+
+
+def member(user_obj: User, team_obj: Team | str, role: str = "operator") -> TeamMembership:
+    t = team(team_obj) if isinstance(team_obj, str) else team_obj
+    return TeamMembership.objects.update_or_create(team=t, user=user_obj, defaults={"role": role})[0]
+
+
 def user(username: str | None = None, *, groups: list[str] | None = None, password: str = "pw",
-         **extra: Any) -> User:
+         teams: list[str] | None = None, role: str | None = None, **extra: Any) -> User:
+    """A user in ``groups`` (global permissions) and a member of ``teams`` (default: the default
+    team) with ``role`` (default: what the groups give)."""
     if groups:
         ensure_roles()
     u = User.objects.create_user(username=username or f"user{_next()}", password=password, **extra)
     for name in groups or []:
         u.groups.add(Group.objects.get(name=name))
+    for slug in ["default"] if teams is None else teams:
+        member(u, slug, role or role_of_groups(groups or []))
     return u
 
 
@@ -41,6 +62,8 @@ def agent_profile(**fields: Any) -> AgentProfile:
     defaults: dict[str, Any] = {"name": f"Agent {n}", "slug": f"agent-{n}", "model": "scripted",
                                 "instructions": "You are a careful agent."}
     defaults.update(fields)
+    if "team" not in defaults and "team_id" not in defaults:
+        defaults["team"] = team()
     return AgentProfile.objects.create(**defaults)
 
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_request_create
 from sessions_app import services
+from sessions_app.announce import approvals_group
 from tests import factories
 from tests.helpers import ws_communicator
 
@@ -84,7 +85,8 @@ async def test_forwards_the_senders_fragment_as_is() -> None:
     await comm.send_json_to({"type": "hello", "since": timezone.now().isoformat()})
     message = {"type": "event.message", "html": "<template></template>",
                "event": {"seq": 7, "type": "approval.decided", "session_id": "x", "payload": {}}}
-    await get_channel_layer().group_send("approvals", message)
+    team = await database_sync_to_async(factories.team)()
+    await get_channel_layer().group_send(approvals_group(team.id), message)
     # The next message (an empty backlog sends nothing before it).
     assert await comm.receive_json_from(timeout=5) == {"type": "event", "event": message["event"],
                                                        "html": message["html"]}

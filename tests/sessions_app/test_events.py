@@ -73,19 +73,20 @@ def test_event_record_announces_after_commit_on_session_and_approvals_groups() -
     session_channel = async_to_sync(layer.new_channel)()
     approvals_channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(announce.session_group(session.id), session_channel)
-    async_to_sync(layer.group_add)(announce.APPROVALS_GROUP, approvals_channel)
+    async_to_sync(layer.group_add)(announce.approvals_group(session.team_id), approvals_channel)
     try:
         with transaction.atomic():
-            event = event_record(session_id=session.id, type="approval.requested", payload={"tool": "x"})
+            event = event_record(session_id=session.id, type="approval.requested",
+                                 payload={"tool": "x", "team_id": session.team_id})
         got = async_to_sync(layer.receive)(session_channel)
         assert got["event"]["seq"] == event.seq
         assert got["event"]["type"] == "approval.requested"
-        assert got["event"]["payload"] == {"tool": "x"}
+        assert got["event"]["payload"] == {"tool": "x", "team_id": session.team_id}
         got_approvals = async_to_sync(layer.receive)(approvals_channel)
         assert got_approvals["event"]["seq"] == event.seq
     finally:
         async_to_sync(layer.group_discard)(announce.session_group(session.id), session_channel)
-        async_to_sync(layer.group_discard)(announce.APPROVALS_GROUP, approvals_channel)
+        async_to_sync(layer.group_discard)(announce.approvals_group(session.team_id), approvals_channel)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,6 +5,7 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
+from agentops.models import Team, TeamMembership, TeamRole
 from scripted_model.demo import DEMO_STARTER_FILES
 from sessions_app.models import AgentProfile
 from tools_app.models import ToolDefinition
@@ -18,7 +19,8 @@ DEMO_INSTRUCTIONS = (
 
 
 class Command(BaseCommand):
-    help = "Create the demo users (password = username, local use only), tools and the demo agent profile."
+    help = ("Create the team demo with the demo users (password = username, local use only), the tools and "
+            "the demo agent profile.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model-url", default="", help="Base URL of the scripted model server.")
@@ -26,6 +28,7 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
         tool_definitions_seed()
+        team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
         for username, group, is_admin in DEMO_USERS:
             user, created = User.objects.get_or_create(username=username, defaults={"is_staff": is_admin,
                                                                                    "is_superuser": is_admin})
@@ -33,13 +36,16 @@ class Command(BaseCommand):
                 user.set_password(username)
                 user.save()
             user.groups.add(Group.objects.get(name=group))
+            role = {"operators": TeamRole.OPERATOR, "reviewers": TeamRole.REVIEWER}.get(group, TeamRole.BOTH)
+            TeamMembership.objects.get_or_create(team=team, user=user, defaults={"role": role})
         # A reviewer who is also an operator would be refused on their own sessions (self-approval).
         base_url, model = options["model_url"], "scripted-demo"
         if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
             base_url, model = os.environ.get("OPENAI_BASE_URL", ""), os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
         profile, _ = AgentProfile.objects.update_or_create(
             slug="incident-responder",
-            defaults={"name": "Incident responder", "instructions": DEMO_INSTRUCTIONS, "base_url": base_url,
+            defaults={"name": "Incident responder", "team": team, "instructions": DEMO_INSTRUCTIONS,
+                      "base_url": base_url,
                       "model": model, "starter_files": DEMO_STARTER_FILES, "max_tool_calls": 50,
                       "max_tokens": 200_000, "max_wall_seconds": 3600},
         )

@@ -1,0 +1,129 @@
+"""Teams: every read is scoped to the user's teams; an object outside them is a 404; the
+agentops_user command provisions users for scripts."""
+
+import uuid
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+
+from agentops.models import TeamMembership
+from approvals_app import services as approval_services
+from sessions_app.models import AgentSession
+from tests import factories
+from tests.helpers import api_client, login
+from tools_app.services import tool_definitions_seed
+
+pytestmark = pytest.mark.django_db
+
+
+def _two_teams() -> tuple[AgentSession, AgentSession, User]:
+    """A session in team a and one in team b; an operator of team a only."""
+    ours = factories.session(agent=factories.agent_profile(team=factories.team("a")),
+                             owner=factories.user(groups=["operators"], teams=["a"]))
+    theirs = factories.session(agent=factories.agent_profile(team=factories.team("b")),
+                               owner=factories.user(groups=["operators"], teams=["b"]))
+    return ours, theirs, factories.user(groups=["operators"], teams=["a"])
+
+
+def test_sessions_outside_the_users_teams_are_404_and_absent_from_lists() -> None:
+    ours, theirs, op = _two_teams()
+    client = api_client(op)
+    assert client.get(f"/api/sessions/{ours.id}").status_code == 200
+    response = client.get(f"/api/sessions/{theirs.id}")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+    assert [s["id"] for s in client.get("/api/sessions").json()["items"]] == [str(ours.id)]
+    for path in (f"/api/sessions/{theirs.id}/events", f"/api/sessions/{theirs.id}/turns",
+                 f"/api/sessions/{theirs.id}/artifacts"):
+        assert client.get(path).status_code == 404, path
+    assert client.post(f"/api/sessions/{theirs.id}/turns", {"input": "read their files"},
+                       content_type="application/json").status_code == 404
+    assert client.post(f"/api/sessions/{theirs.id}/cancel").status_code == 404
+    assert theirs.turns.count() == 0
+
+
+def test_pages_and_overview_counts_are_scoped() -> None:
+    ours, theirs, op = _two_teams()
+    browser = login(op)
+    assert browser.get(f"/sessions/{theirs.id}/").status_code == 404
+    page = browser.get("/sessions/").content.decode()
+    assert str(ours.id) in page and str(theirs.id) not in page
+    overview = browser.get("/")
+    assert overview.context["ov"].counts["idle"] == 1  # two idle sessions exist, one is ours
+
+
+def test_approvals_of_other_teams_are_invisible_to_reviewers() -> None:
+    tool_definitions_seed()
+    _ours, theirs, _op = _two_teams()
+    turn = factories.turn(theirs)
+    step = factories.step(turn, tool_name="run_command", arguments={"command": "ls"}, approval_mode="mutating")
+    approval = approval_services.approval_request_create(step_id=step.id)
+    reviewer = factories.user(groups=["reviewers"], teams=["a"])
+    client = api_client(reviewer)
+    assert client.get("/api/approvals").json()["items"] == []
+    assert client.get(f"/api/approvals/{approval.request_id}").status_code == 404
+    response = client.post(f"/api/approvals/{approval.request_id}/decision",
+                           {"decision": "approve", "arguments_sha256": approval.arguments_sha256},
+                           content_type="application/json")
+    assert response.status_code == 404
+    assert login(reviewer).get(f"/approvals/{approval.request_id}/").status_code == 404
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_a_reviewer_only_member_cannot_operate_a_session_of_the_team() -> None:
+    ours, _theirs, _op = _two_teams()
+    # Global groups say operator; the team role says reviewer: the team role decides.
+    user = factories.user(groups=["operators", "reviewers"], teams=["a"], role="reviewer")
+    client = api_client(user)
+    assert client.get(f"/api/sessions/{ours.id}").status_code == 200
+    response = client.post(f"/api/sessions/{ours.id}/turns", {"input": "x"}, content_type="application/json")
+    assert response.status_code == 403
+    assert response.json()["code"] == "team_role_required"
+
+
+def test_an_agent_of_another_team_cannot_start_a_session() -> None:
+    _ours, theirs, op = _two_teams()
+    response = api_client(op).post("/api/sessions", {"agent": theirs.agent.slug, "input": "hi"},
+                                   content_type="application/json")
+    assert response.status_code == 404
+    assert AgentSession.objects.filter(agent=theirs.agent).count() == 1
+
+
+def test_admins_see_every_team() -> None:
+    ours, theirs, _op = _two_teams()
+    admin = factories.user(groups=["admins"], teams=[], is_superuser=True, is_staff=True)
+    ids = {s["id"] for s in api_client(admin).get("/api/sessions").json()["items"]}
+    assert ids == {str(ours.id), str(theirs.id)}
+
+
+def test_agentops_user_creates_and_updates_with_roles_and_teams() -> None:
+    factories.ensure_roles()
+    factories.team("demo")
+    factories.team("other")
+    out = StringIO()
+    call_command("agentops_user", "carol", "--roles", "operator,reviewer", "--teams", "demo,other",
+                 "--password", "s3cret!", stdout=out)
+    carol = User.objects.get(username="carol")
+    assert carol.check_password("s3cret!")
+    assert sorted(carol.groups.values_list("name", flat=True)) == ["operators", "reviewers"]
+    assert dict(TeamMembership.objects.filter(user=carol).values_list("team__slug", "role")) == {
+        "demo": "both", "other": "both"}
+    call_command("agentops_user", "carol", "--roles", "reviewer", "--teams", "demo", stdout=out)
+    assert dict(TeamMembership.objects.filter(user=carol).values_list("team__slug", "role")) == {"demo": "reviewer"}
+    assert carol.check_password("s3cret!")  # unchanged without --password
+
+
+@pytest.mark.parametrize(("roles", "teams", "message"), [
+    ("operator,wizard", "demo", "Unknown role"),
+    ("operator", "demo,nowhere", "Unknown team"),
+])
+def test_agentops_user_refuses_unknown_roles_and_teams(roles: str, teams: str, message: str) -> None:
+    factories.ensure_roles()
+    factories.team("demo")
+    name = f"u{uuid.uuid4().hex[:6]}"
+    with pytest.raises(CommandError, match=message):
+        call_command("agentops_user", name, "--roles", roles, "--teams", teams, stdout=StringIO())
+    assert not User.objects.filter(username=name).exists()
