@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from agentops.admin import ReadOnlyAdmin
-from approvals_app.models import ApprovalGrant, ApprovalRequest
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
 
 
 @admin.register(ApprovalRequest)
@@ -18,3 +18,10 @@ class ApprovalGrantAdmin(ReadOnlyAdmin):
     list_display = ["tool_name", "session", "granted_by", "created_at", "revoked_at"]
     list_filter = ["tool_name"]
     search_fields = ["tool_name", "session__id"]
+
+
+@admin.register(ApprovalAudit)
+class ApprovalAuditAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "request_id", "action", "actor_username", "team_id"]
+    list_filter = ["action"]
+    search_fields = ["request_id", "session_id", "actor_username"]

@@ -24,7 +24,8 @@ def approval_out(a: ApprovalRequest) -> dict[str, Any]:
         "risk_note": a.risk_note, "sandbox_backend": a.sandbox_backend, "network_policy": a.network_policy,
         "preview": a.preview, "status": a.status, "decision": a.decision,
         "decided_by": a.decided_by.get_username() if a.decided_by else None, "decided_at": a.decided_at,
-        "reason": a.reason, "edited_arguments": a.edited_arguments, "remember": a.remember,
+        "reason": a.reason, "edited_arguments": a.edited_arguments,
+        "edited_by": a.edited_by.get_username() if a.edited_by else None, "remember": a.remember,
         "expires_at": a.expires_at, "created_at": a.created_at,
     }
 

@@ -72,6 +72,9 @@ class ApprovalRequest(StateMachine, models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     edited_arguments = models.JSONField(null=True, blank=True)
+    # Both versions are kept (arguments as the model asked, edited_arguments as approved) and who edited.
+    edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                  related_name="+")
     seen_sha256 = models.CharField(max_length=64, blank=True)
     remember = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
@@ -117,3 +120,36 @@ class ApprovalGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_name} for {self.session_id}"
+
+
+class AuditAction(models.TextChoices):
+    VIEWED = "viewed", "Opened the request's page"
+    DECIDED = "decided", "Decided"
+    EDITED = "edited", "Edited the arguments"
+    REFUSED = "refused", "Was refused a decision"
+    GRANT_USED = "grant_used", "A grant let the call run"
+    GRANT_REVOKED = "grant_revoked", "Revoked a grant"
+
+
+class ApprovalAudit(models.Model):
+    """Who did what to an approval request, and when. No foreign key to the session or the request:
+    the trail outlives them (deleting a session deletes its requests, never their audit)."""
+
+    Action = AuditAction
+
+    request_id = models.UUIDField(db_index=True)
+    session_id = models.UUIDField()
+    team_id = models.BigIntegerField(null=True)
+    action = models.CharField(max_length=16, choices=AuditAction.choices)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    actor_username = models.CharField(max_length=150, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [status_constraint("approvalaudit", AuditAction, field="action")]
+
+    def __str__(self) -> str:
+        return f"{self.actor_username or '?'} {self.action} {self.request_id}"

@@ -34,6 +34,7 @@ class ApprovalOut(Schema):
     decided_at: datetime | None
     reason: str
     edited_arguments: dict[str, Any] | None
+    edited_by: str | None
     remember: bool
     expires_at: datetime | None
     created_at: datetime

@@ -10,13 +10,13 @@ from django.utils import timezone
 
 from agentops.domain import NotFound
 from agentops.teams import scope
-from approvals_app.models import ApprovalGrant, ApprovalRequest
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
 
 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
     """A request of the user's teams; NotFound otherwise."""
     try:
-        qs = scope(ApprovalRequest.objects.select_related("decided_by", "session"), user)
+        qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session"), user)
         return qs.get(request_id=uuid.UUID(str(request_id)))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
@@ -27,7 +27,8 @@ def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
     NotFound otherwise."""
     try:
         return (scope(ApprovalRequest.objects.all(), user)
-                .select_related("session__agent", "session__owner", "turn__created_by", "step", "decided_by")
+                .select_related("session__agent", "session__owner", "turn__created_by", "step", "decided_by",
+                                "edited_by")
                 .get(request_id=uuid.UUID(str(request_id))))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
@@ -36,7 +37,7 @@ def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
 def approvals_list(*, user: Any, status: str | None = None, session: str | None = None, tool: str | None = None,
                    agent: str | None = None, risk: str | None = None,
                    oldest_first: bool = False) -> "QuerySet[ApprovalRequest]":
-    qs = scope(ApprovalRequest.objects.select_related("decided_by", "session", "session__agent"), user)
+    qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "session__agent"), user)
     if status:
         qs = qs.filter(status=status)
     if session:
@@ -111,3 +112,8 @@ def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
     now = timezone.now()
     return ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name,
                                         revoked_at__isnull=True).exclude(expires_at__lte=now).exists()
+
+
+def audit_of(request_id: Any) -> list[ApprovalAudit]:
+    """A request's audit trail, oldest first. One query."""
+    return list(ApprovalAudit.objects.filter(request_id=request_id).order_by("created_at", "id"))

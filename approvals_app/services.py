@@ -18,7 +18,8 @@ from django.utils import timezone
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied, canonical_json, joins_transaction
 from agentops.permissions import DECIDE_APPROVALS
-from approvals_app.models import ApprovalGrant, ApprovalRequest
+from agentops.teams import REVIEW_ROLES, has_team_role
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
 from sessions_app.events import event_record
 from sessions_app.locks import locked_with_session
 from sessions_app.models import Step, Turn
@@ -129,12 +130,56 @@ def _validate_edited(tool_name: str, arguments: Any) -> None:
         raise InvalidArguments("Edited arguments do not match the tool's schema", details={"errors": errors})
 
 
-def _check_actor(approval: ApprovalRequest, actor: User) -> None:
+def four_eyes_refusal(approval: ApprovalRequest, actor: User) -> PermissionDenied | None:
+    """Why ``actor`` may not decide ``approval``, or None. The one check every path goes
+    through (API, page, htmx; the queue's WebSocket only forwards events, it takes no decisions).
+
+    Four-eyes (AGENTOPS_FORBID_SELF_APPROVAL, on by default; off for single-user installs): the
+    one who wrote the input of the turn that produced the call, and the session's owner, may not
+    decide it: with both roles (every admin) they could otherwise approve what their own input made.
+    """
     if not actor.is_active or not actor.has_perm(DECIDE_APPROVALS):
-        raise PermissionDenied("You need the permission to decide approval requests.")
-    if settings.AGENTOPS_FORBID_SELF_APPROVAL and approval.session.owner_id == actor.pk:
-        raise PermissionDenied("You started this session; another reviewer must decide its requests.",
-                               code="self_approval_forbidden")
+        return PermissionDenied("You need the permission to decide approval requests.")
+    if not has_team_role(actor, approval.team_id, REVIEW_ROLES):
+        return PermissionDenied("Your role in this team does not allow you to decide its requests.",
+                                code="team_role_required")
+    if settings.AGENTOPS_FORBID_SELF_APPROVAL:
+        if approval.turn.created_by_id == actor.pk:
+            return PermissionDenied("You wrote the input that produced this call; another reviewer must decide it.",
+                                    code="self_approval_forbidden", details={"reason": "turn_author"})
+        if approval.session.owner_id == actor.pk:
+            return PermissionDenied("You started this session; another reviewer must decide its requests.",
+                                    code="self_approval_forbidden", details={"reason": "session_owner"})
+    return None
+
+
+def _check_actor(approval: ApprovalRequest, actor: User) -> None:
+    """Refuse an actor who may not decide, and audit the refusal. Called outside the decision's
+    transaction (which a refusal rolls back); ``_decide`` checks again under the lock."""
+    refusal = four_eyes_refusal(approval, actor)
+    if refusal is not None:
+        audit_record(approval, action=ApprovalAudit.Action.REFUSED, actor=actor,
+                     details={"code": refusal.code, "message": refusal.message})
+        raise refusal
+
+
+def audit_record(approval: ApprovalRequest, *, action: str, actor: User | None,
+                 details: dict[str, Any] | None = None) -> ApprovalAudit:
+    """Append to a request's audit trail (rows without foreign keys to it: they outlive it)."""
+    return ApprovalAudit.objects.create(request_id=approval.request_id, session_id=approval.session_id,
+                                        team_id=approval.team_id, action=action, actor=actor,
+                                        actor_username=actor.get_username() if actor else "",
+                                        details=details or {})
+
+
+def approval_viewed_record(*, approval: ApprovalRequest, actor: User) -> None:
+    """Note in the audit trail that ``actor`` opened the request's page (once a minute at most:
+    a reload is not news)."""
+    recent = ApprovalAudit.objects.filter(request_id=approval.request_id, actor=actor,
+                                          action=ApprovalAudit.Action.VIEWED,
+                                          created_at__gte=timezone.now() - timedelta(minutes=1))
+    if not recent.exists():
+        audit_record(approval, action=ApprovalAudit.Action.VIEWED, actor=actor)
 
 
 def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str = "",
@@ -150,6 +195,10 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
         key = uuid.UUID(str(request_id))
     except ValueError as exc:
         raise NotFound(f"No approval request {request_id}") from exc
+    approval = ApprovalRequest.objects.select_related("session", "turn").filter(request_id=key).first()
+    if approval is None:
+        raise NotFound(f"No approval request {request_id}")
+    _check_actor(approval, actor)
     for pk in ApprovalRequest.objects.filter(request_id=key, status=Status.PENDING,
                                              expires_at__lte=timezone.now()).values_list("pk", flat=True):
         _expire_one(pk)
@@ -161,10 +210,13 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
 def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, seen_hash: str | None,
             arguments: dict[str, Any] | None, remember: bool) -> ApprovalRequest:
     try:
-        approval = locked_with_session(ApprovalRequest.objects.select_related("session"), request_id=request_id)
+        approval = locked_with_session(ApprovalRequest.objects.select_related("session", "turn"),
+                                       request_id=request_id)
     except (ApprovalRequest.DoesNotExist, ValidationError) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
-    _check_actor(approval, actor)
+    refusal = four_eyes_refusal(approval, actor)
+    if refusal is not None:
+        raise refusal
     allowed = TOOL_DECISIONS if approval.kind == ApprovalRequest.Kind.TOOL else RECOVERY_DECISIONS
     if decision not in allowed:
         raise InvalidArguments(f"A {approval.kind} request takes one of {sorted(allowed)}",
@@ -192,7 +244,13 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
 
     _move(approval, STATUS_OF_DECISION[Decision(decision)], decision=decision, decided_by=actor,
           decided_at=timezone.now(), reason=reason, seen_sha256=seen_hash or "", edited_arguments=arguments,
-          remember=remember)
+          edited_by=actor if arguments is not None else None, remember=remember)
+    if arguments is not None:
+        audit_record(approval, action=ApprovalAudit.Action.EDITED, actor=actor,
+                     details={"original": approval.arguments, "edited": arguments})
+    audit_record(approval, action=ApprovalAudit.Action.DECIDED, actor=actor,
+                 details={"decision": decision, "reason": reason, "seen_sha256": seen_hash or "",
+                          "arguments_sha256": approval.arguments_sha256, "remember": remember})
     _apply_to_step(approval)
     if remember:
         ApprovalGrant.objects.get_or_create(session_id=approval.session_id, tool_name=approval.tool_name,

@@ -23,7 +23,7 @@ from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, req
 from approvals_app import selectors
 from approvals_app.forms import ApprovalEditForm
 from approvals_app.models import ApprovalRequest
-from approvals_app.services import approval_decide
+from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal
 from sessions_app import presenters
 from sessions_app import selectors as session_selectors
 from tools_app.builtin.command import policy_for
@@ -79,7 +79,8 @@ def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "
     context = {
         "nav": "approvals", "approval": approval, "now": timezone.now(), "error": error,
         "error_details": error_details or [], "edit_open": edit_form is not None,
-        "can_decide": has_perm(request.user, DECIDE_APPROVALS),
+        "can_decide": four_eyes_refusal(approval, request.user) is None,
+        "audit": selectors.audit_of(approval.request_id),
         "edit_form": edit_form or ApprovalEditForm(schema, approval.arguments),
         "limits": _run_command_limits(approval, tool.timeout_seconds if tool else None)
         if approval.tool_name == "run_command" else [],
@@ -99,7 +100,9 @@ def _approval_or_404(request: AuthedRequest, request_id: UUID) -> ApprovalReques
 @login_required
 @permission_required(VIEW_APPROVALS, raise_exception=True)
 def approval_detail_view(request: AuthedRequest, request_id: UUID) -> HttpResponse:
-    return _detail(request, _approval_or_404(request, request_id))
+    approval = _approval_or_404(request, request_id)
+    approval_viewed_record(approval=approval, actor=request.user)
+    return _detail(request, approval)
 
 
 @require_POST

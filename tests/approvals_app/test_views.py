@@ -81,8 +81,9 @@ def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentP
                                                          "timeout_seconds": 30})
     client = login(reviewer)
     client.get(f"/approvals/{approval.request_id}/")
-    # session, user, 2 permission reads, approval, tool, turn steps, approvals of steps, deltas
-    with django_assert_num_queries(9):
+    # session, user, 2 permission reads, approval, viewed-audit throttle, team role, tool, turn steps,
+    # approvals of steps, deltas, audit trail
+    with django_assert_num_queries(12):
         response = client.get(f"/approvals/{approval.request_id}/")
     body = response.content.decode()
     assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body
