@@ -163,6 +163,8 @@ AGENTOPS_SANDBOX_ALLOW_UNSAFE = env.bool("AGENTOPS_SANDBOX_ALLOW_UNSAFE", defaul
 AGENTOPS_SANDBOX_UID = env.int("AGENTOPS_SANDBOX_UID", default=65534)
 AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_UID)
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
+# API decisions must name the run-spec hash the reviewer saw; off only for trusted clients.
+AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = env.bool("AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256", default=True)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.conf import settings
 from ninja import Router
 
 from agentops.api import ERRORS
@@ -53,5 +54,6 @@ def approval_decide_api(request: AuthedRequest, request_id: str, payload: Approv
     approval = services.approval_decide(
         request_id=selectors.approval_get(request_id, user=request.user).request_id, actor=request.user,
         decision=payload.decision, reason=payload.reason, seen_hash=payload.arguments_sha256,
-        arguments=payload.arguments, remember=payload.remember)
+        arguments=payload.arguments, remember=payload.remember,
+        require_seen_hash=settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256)
     return approval_out(selectors.approval_get(approval.request_id, user=request.user))

@@ -57,7 +57,12 @@ class ApprovalRequest(StateMachine, models.Model):
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="approval_requests")
     tool_name = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
+    # SHA-256 of run_spec (tools_app/binding.py): tool + version, arguments, network, limits, timeout,
+    # backend: what the reviewer sees. approved_sha256: the same with the edited arguments, set by the
+    # decision; the executing task compares it with the spec of what it is about to run.
     arguments_sha256 = models.CharField(max_length=64)
+    run_spec = models.JSONField(default=dict, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True)
     approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices)
     risk = models.CharField(max_length=8, default="high", choices=[("low", "Low"), ("medium", "Medium"),
                                                                   ("high", "High")])

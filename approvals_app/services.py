@@ -24,6 +24,7 @@ from sessions_app.events import event_record
 from sessions_app.locks import locked_with_session
 from sessions_app.models import Step, Turn
 from sessions_app.services import step_transition
+from tools_app.binding import run_spec, spec_sha256
 from tools_app.builtin import validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 
@@ -55,10 +56,20 @@ class Expired(Conflict):
 
 
 def arguments_hash(*, tool_name: str, arguments: Any, sandbox_backend: str = "", network_policy: str = "") -> str:
-    """SHA-256 of the canonical JSON of what is being approved: tool, arguments, sandbox policy."""
+    """SHA-256 of a call of a tool that has no definition (nothing else to bind)."""
     doc = {"tool": tool_name, "arguments": arguments,
            "sandbox": {"backend": sandbox_backend, "network": network_policy}}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
+def approval_spec(*, tool_name: str, arguments: Any, sandbox_backend: str | None = None) -> tuple[dict[str, Any], str]:
+    """The run spec of a call as it would run now and its hash (``tools_app.binding``)."""
+    tool = ToolDefinition.objects.filter(name=tool_name).first()
+    if tool is None:
+        spec = {"tool": tool_name, "arguments": arguments, "sandbox_backend": sandbox_backend or ""}
+        return spec, spec_sha256(spec)
+    spec = run_spec(tool=tool, arguments=arguments, sandbox_backend=sandbox_backend)
+    return spec, spec_sha256(spec)
 
 
 def _public(approval: ApprovalRequest) -> dict[str, Any]:
@@ -101,13 +112,15 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
     if existing is not None:
         return existing
     ttl = ttl_seconds if ttl_seconds is not None else settings.AGENTOPS_APPROVAL_TTL_SECONDS
+    spec, spec_hash = approval_spec(tool_name=step.tool_name, arguments=step.arguments,
+                                    sandbox_backend=sandbox_backend or None)
     approval = ApprovalRequest.objects.create(
         kind=kind, session_id=step.session_id, team_id=step.session.team_id, turn_id=step.turn_id, step=step,
         tool_name=step.tool_name,
         arguments=step.arguments, approval_mode=step.approval_mode or ApprovalMode.MUTATING, risk=risk,
-        risk_note=risk_note, sandbox_backend=sandbox_backend, network_policy=network_policy, preview=preview,
-        arguments_sha256=arguments_hash(tool_name=step.tool_name, arguments=step.arguments,
-                                        sandbox_backend=sandbox_backend, network_policy=network_policy),
+        risk_note=risk_note, sandbox_backend=str(spec.get("sandbox_backend", "")),
+        network_policy=str(spec.get("network", network_policy)), preview=preview, run_spec=spec,
+        arguments_sha256=spec_hash,
         expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
     )
     if kind == ApprovalRequest.Kind.TOOL:
@@ -184,7 +197,7 @@ def approval_viewed_record(*, approval: ApprovalRequest, actor: User) -> None:
 
 def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str = "",
                     seen_hash: str | None = None, arguments: dict[str, Any] | None = None,
-                    remember: bool = False) -> ApprovalRequest:
+                    remember: bool = False, require_seen_hash: bool = False) -> ApprovalRequest:
     """Record a reviewer's decision. Idempotent for the same decision; 409 otherwise.
 
     Wakes the engine after commit. A request past its deadline that the sweeper has not reached
@@ -199,6 +212,9 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
     if approval is None:
         raise NotFound(f"No approval request {request_id}")
     _check_actor(approval, actor)
+    if require_seen_hash and not seen_hash:
+        raise InvalidArguments("Send the arguments_sha256 of the request you decide (what you reviewed).",
+                               code="arguments_sha256_required", details={"field": "arguments_sha256"})
     for pk in ApprovalRequest.objects.filter(request_id=key, status=Status.PENDING,
                                              expires_at__lte=timezone.now()).values_list("pk", flat=True):
         _expire_one(pk)
@@ -242,9 +258,12 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
         raise InvalidArguments("remember applies only to approving a confirm_once tool",
                                details={"field": "remember"})
 
+    approved_sha256 = approval.arguments_sha256
+    if arguments is not None and approval.run_spec:
+        approved_sha256 = spec_sha256({**approval.run_spec, "arguments": arguments})
     _move(approval, STATUS_OF_DECISION[Decision(decision)], decision=decision, decided_by=actor,
           decided_at=timezone.now(), reason=reason, seen_sha256=seen_hash or "", edited_arguments=arguments,
-          edited_by=actor if arguments is not None else None, remember=remember)
+          edited_by=actor if arguments is not None else None, remember=remember, approved_sha256=approved_sha256)
     if arguments is not None:
         audit_record(approval, action=ApprovalAudit.Action.EDITED, actor=actor,
                      details={"original": approval.arguments, "edited": arguments})
@@ -313,20 +332,33 @@ def _expire_one(pk: int) -> int:
     return 1
 
 
+class RunSpecChanged(Conflict):
+    """What would run now is not what the reviewer approved (the tool, its limits or the arguments
+    changed since): the approval no longer covers it."""
+
+    code = "approval_stale"
+
+
 @joins_transaction
-def approval_consume(*, request_id: uuid.UUID | str) -> ApprovalRequest:
-    """Mark an approved request as used, exactly once; re-check the hash of what was approved.
+def approval_consume(*, request_id: uuid.UUID | str, run_sha256: str) -> ApprovalRequest:
+    """Mark an approved request as used, exactly once, for a run whose spec hashes to ``run_sha256``
+    (computed by the executing task from what it is about to run).
 
     Raises Conflict when it is not approved (consumed already: the caller must not run the tool
-    again) and StaleArguments when the approved row no longer matches its hash.
+    again), StaleArguments when the row no longer matches its own hash, and RunSpecChanged when the
+    run is not what was approved (the caller rolls back and calls ``approval_invalidate``).
     """
     approval = locked_with_session(ApprovalRequest.objects.all(), request_id=request_id)
     if approval.status != Status.APPROVED:
         raise Conflict(f"Approval {request_id} is {approval.status}, not approved", code="not_approved")
-    expected = arguments_hash(tool_name=approval.tool_name, arguments=approval.arguments,
-                              sandbox_backend=approval.sandbox_backend, network_policy=approval.network_policy)
-    if expected != approval.arguments_sha256:
-        raise StaleArguments("The approved arguments were altered after the decision.")
+    spec = approval.run_spec
+    if spec and (spec_sha256(spec) != approval.arguments_sha256 or spec.get("arguments") != approval.arguments
+                 or spec.get("network") != approval.network_policy
+                 or spec.get("sandbox_backend") != approval.sandbox_backend):
+        raise StaleArguments("The approved request was altered after the decision.")
+    if run_sha256 != (approval.approved_sha256 or approval.arguments_sha256):
+        raise RunSpecChanged(details={"approved_sha256": approval.approved_sha256 or approval.arguments_sha256,
+                                      "run_sha256": run_sha256})
     _move(approval, Status.CONSUMED, consumed_at=timezone.now())
     return approval
 

@@ -245,7 +245,9 @@ class Step(StateMachine, models.Model):
         Status.PLANNED: frozenset({Status.AWAITING_APPROVAL, Status.APPROVED, Status.RUNNING, Status.FAILED,
                                    Status.CANCELLED}),
         Status.AWAITING_APPROVAL: frozenset({Status.APPROVED, Status.REJECTED, Status.EXPIRED, Status.CANCELLED}),
-        Status.APPROVED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+        # approved → awaiting_approval: what would run changed after the approval (tool edited,
+        # limits changed): the approval is invalidated and a reviewer asked again.
+        Status.APPROVED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED, Status.AWAITING_APPROVAL}),
         # A lease expired and the effect check says a retry is safe: a model step goes back to
         # planned, an approved tool step back to approved (it was approved already; never ask twice).
         Status.RUNNING: frozenset({Status.COMPLETED, Status.FAILED, Status.IN_DOUBT, Status.CANCELLED, Status.PLANNED,

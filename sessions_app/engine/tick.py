@@ -18,7 +18,13 @@ from approvals_app.models import ApprovalRequest
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import session_counters
 from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
-from sessions_app.engine.tool_steps import runs_in_process, tool_step_claim, tool_step_execute, tool_step_gate
+from sessions_app.engine.tool_steps import (
+    StepRebound,
+    runs_in_process,
+    tool_step_claim,
+    tool_step_execute,
+    tool_step_gate,
+)
 from sessions_app.engine.turns import turn_fail_budget
 from sessions_app.locks import session_lock_fetch
 from sessions_app.models import AgentSession, Step, Turn
@@ -114,7 +120,10 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
             return None
         case Action.CLAIM_TOOL:
             step = next(t for t in tools if t.id == decision.step_id)
-            return Claimed(step, session, tool_step_claim(step))
+            try:
+                return Claimed(step, session, tool_step_claim(step))
+            except StepRebound:
+                return None  # the approval no longer covered the call: a reviewer is asked again
         case Action.ENQUEUE_TOOL:
             assert decision.step_id is not None
             dispatch.tool_run_enqueue(decision.step_id)

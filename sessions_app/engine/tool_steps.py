@@ -22,10 +22,12 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from agentops import dispatch
 from agentops.domain import Conflict, InvalidTransition, joins_transaction
 from approvals_app.models import ApprovalRequest
 from approvals_app.selectors import approval_approved_for_step, grant_is_live
-from approvals_app.services import approval_consume, approval_request_create
+from approvals_app.services import RunSpecChanged, approval_consume, approval_request_create, approval_transition
+from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step
 from sessions_app.services import (
@@ -35,6 +37,7 @@ from sessions_app.services import (
     step_result_dropped,
     step_transition,
 )
+from tools_app.binding import run_spec, spec_differences, spec_sha256
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import (
@@ -139,6 +142,11 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
             mode == ApprovalMode.CONFIRM_ONCE and grant_is_live(session_id=session.id, tool_name=tool.name)):
         step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
+    _ask_reviewer(step, session, tool)
+    return Step.Status.AWAITING_APPROVAL
+
+
+def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition) -> ApprovalRequest:
     risk, note = tool_risk(tool)
     preview = ""
     if tool.name == "write_file":
@@ -146,10 +154,50 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
             preview = write_file_preview(session_workspace(session), step.arguments)
         except Exception as exc:  # a preview is a courtesy; the approval must still be asked
             preview = f"(no preview: {exc})"
-    approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
-                            sandbox_backend=str(sandbox_status().get("backend", "")), network_policy=tool.network,
-                            ttl_seconds=tool.approval_ttl_seconds)
-    return Step.Status.AWAITING_APPROVAL
+    return approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
+                                   sandbox_backend=str(sandbox_status().get("backend", "")),
+                                   network_policy=tool.network, ttl_seconds=tool.approval_ttl_seconds)
+
+
+class StepRebound(Conflict):
+    """The approval did not cover what would run: it was invalidated and the step stopped (a fresh
+    request, or failed when the tool is gone). Committed: the caller commits, and does not run."""
+
+    code = "approval_stale"
+
+
+def current_run(step: Step) -> tuple[ToolDefinition | None, str]:
+    """The tool's definition as it is now (read fresh: the 2 s cache must not run an edited tool)
+    and the hash of the spec of this step's call with it."""
+    tool = ToolDefinition.objects.filter(name=step.tool_name).first()
+    if tool is None:
+        return None, ""
+    return tool, spec_sha256(run_spec(tool=tool, arguments=step.arguments))
+
+
+@joins_transaction
+def tool_step_rebind(*, step: Step, approval: ApprovalRequest) -> None:
+    """The approved call changed before it ran: cancel the approval with an ``approval.invalidated``
+    event naming what changed, then ask a reviewer again, or fail the step when the tool is
+    disabled or gone. The session is locked by the caller."""
+    session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+    tool = tool_available(session, step.tool_name)
+    fresh = ToolDefinition.objects.filter(name=step.tool_name).first()
+    current = run_spec(tool=fresh, arguments=step.arguments) if fresh else {}
+    approved = {**approval.run_spec, "arguments": approval.effective_arguments}
+    changed = spec_differences(approved, current)
+    approval_transition(request_id=approval.request_id, to=ApprovalRequest.Status.CANCELLED)
+    event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="approval.invalidated",
+                 payload={"request_id": str(approval.request_id), "team_id": session.team_id,
+                          "tool": step.tool_name, "changed": changed,
+                          "message": "What would run is not what was approved (changed: "
+                                     f"{', '.join(changed) or 'unknown'}); the call did not run."})
+    if tool is None or fresh is None or not fresh.enabled:
+        _fail(step, "tool_unavailable",
+              f"The tool {step.tool_name!r} was disabled or removed after the approval; the call did not run.")
+    else:
+        _ask_reviewer(step, session, fresh)
+    dispatch.tick_enqueue(step.turn_id)
 
 
 @joins_transaction
@@ -164,7 +212,12 @@ def tool_step_claim(step: Step) -> ApprovalRequest | None:
     session_lock(step.session_id)
     approval = None if step.approval_mode == ApprovalMode.SAFE_READONLY else approval_approved_for_step(step.id)
     if approval is not None:
-        approval_consume(request_id=approval.request_id)
+        _tool, run_hash = current_run(step)
+        try:
+            approval_consume(request_id=approval.request_id, run_sha256=run_hash)
+        except RunSpecChanged as exc:
+            tool_step_rebind(step=step, approval=approval)
+            raise StepRebound(details=exc.details) from exc
     tool = tool_definitions_by_name().get(step.tool_name)
     claimed = step_claim(step_id=step.id, from_status=Step.Status.APPROVED,
                          lease_seconds=lease_seconds_for(tool.timeout_seconds if tool else 60),
@@ -183,6 +236,8 @@ def tool_step_run(step_id: uuid.UUID | str) -> Step | None:
     with transaction.atomic():
         try:
             approval = tool_step_claim(step)
+        except StepRebound:
+            return None  # committed: the approval is invalidated, a reviewer is asked again
         except Conflict:
             transaction.set_rollback(True)
             return None
@@ -198,6 +253,14 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
     """Run a tool step this worker claimed, outside any transaction, and record its result."""
     session = session or AgentSession.objects.select_related("agent").get(pk=step.session_id)
     tool = tool_definitions_by_name().get(step.tool_name)
+    if approval is not None:
+        # What runs is built from this fresh definition, and its spec must be what was approved: an
+        # admin's edit between the claim and here stops the call instead of changing it.
+        tool, run_hash = current_run(step)
+        if run_hash != (approval.approved_sha256 or approval.arguments_sha256):
+            note = "The tool changed after the approval was consumed; the call did not run. Ask again."
+            return tool_step_record(step=step, workspace=None,
+                                    result={"status": "failed", "error_code": "approval_stale", "output": note})
     workspace = session_workspace(session)
     manifest = None
     if tool is not None and not tool.idempotent:

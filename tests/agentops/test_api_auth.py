@@ -53,7 +53,9 @@ class World:
             "turn_submit": (f"/api/sessions/{self.idle.id}/turns", {"input": "next"}),
             "session_cancel": (f"/api/sessions/{self.busy.id}/cancel", {}),
             "tool_output": (f"/api/sessions/{self.busy.id}/tool-outputs", {"call_id": "call_client", "output": "ok"}),
-            "approval_decide": (f"/api/approvals/{self.approval.request_id}/decision", {"decision": "approve"}),
+            "approval_decide": (f"/api/approvals/{self.approval.request_id}/decision", {"decision": "approve",
+                                                                                  "arguments_sha256":
+                                                                                  self.approval.arguments_sha256}),
         }
 
     def caller(self, name: str) -> User:

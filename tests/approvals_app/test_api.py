@@ -39,6 +39,7 @@ def _decisions(approval: ApprovalRequest) -> int:
 
 
 def _decide(api: Client, approval: ApprovalRequest, **body: Any) -> Any:
+    body.setdefault("arguments_sha256", approval.arguments_sha256)
     return api.post(f"/api/approvals/{approval.request_id}/decision", body, content_type="application/json")
 
 
@@ -330,3 +331,14 @@ def test_approval_decide_past_deadline_records_the_expiry_and_refuses() -> None:
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "expired"  # not rolled back with the refusal
     assert Step.objects.get(pk=step.pk).status == "expired"
     assert Event.objects.filter(step_id=step.id, type="approval.expired").count() == 1
+
+
+@pytest.mark.django_db
+def test_approval_decide_api_without_arguments_sha256_is_422_unless_relaxed(reviewer: User, settings: Any) -> None:
+    approval = _pending()
+    response = _decide(api_client(reviewer), approval, decision="approve", arguments_sha256=None)
+    assert response.status_code == 422 and response.json()["code"] == "arguments_sha256_required"
+    approval.refresh_from_db()
+    assert approval.status == "pending" and _decisions(approval) == 0
+    settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = False
+    assert _decide(api_client(reviewer), approval, decision="approve", arguments_sha256=None).status_code == 200

@@ -13,6 +13,8 @@ from approvals_app import selectors, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Step
 from tests import factories
+from tools_app.binding import run_spec, spec_sha256
+from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db
@@ -53,12 +55,35 @@ def test_arguments_hash_covers_tool_arguments_backend_and_network() -> None:
         **{**base, "arguments": {"a": 2, "b": 1}})
 
 
+def _run_hash(approval: ApprovalRequest) -> str:
+    """The hash the executing task computes for the step's call as it would run now."""
+    return services.approval_spec(tool_name=approval.tool_name, arguments=approval.effective_arguments,
+                                  sandbox_backend=approval.sandbox_backend)[1]
+
+
+def test_run_spec_binds_tool_version_arguments_network_limits_timeout_and_backend() -> None:
+    tool_definitions_seed()
+    tool = ToolDefinition.objects.get(name="run_command")
+    base = run_spec(tool=tool, arguments={"command": "ls"}, sandbox_backend="bubblewrap")
+    assert {"tool", "tool_version", "arguments", "network", "limits", "timeout_seconds", "sandbox_backend"} <= set(base)
+    assert base["limits"]["memory_bytes"] > 0 and base["limits"]["timeout_seconds"] == tool.timeout_seconds
+    reference = spec_sha256(base)
+    assert spec_sha256(run_spec(tool=tool, arguments={"command": "ls -a"}, sandbox_backend="bubblewrap")) != reference
+    assert spec_sha256(run_spec(tool=tool, arguments={"command": "ls"}, sandbox_backend="unsafe")) != reference
+    for change in ({"network": "host"}, {"timeout_seconds": 5}, {"enabled": False},
+                   {"parameters_schema": {"type": "object"}}):
+        edited = ToolDefinition(**{**{f.attname: getattr(tool, f.attname) for f in tool._meta.concrete_fields},
+                                   **change})
+        assert spec_sha256(run_spec(tool=edited, arguments={"command": "ls"}, sandbox_backend="bubblewrap")) \
+            != reference, change
+
+
 def test_approval_consume_once_then_refused(reviewer: User) -> None:
     approval = _approved(reviewer)
-    consumed = services.approval_consume(request_id=approval.request_id)
+    consumed = services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
     assert consumed.status == "consumed" and consumed.consumed_at is not None
     with pytest.raises(Conflict) as refused:
-        services.approval_consume(request_id=approval.request_id)
+        services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
     assert refused.value.code == "not_approved"
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "consumed"
 
@@ -67,7 +92,7 @@ def test_approval_consume_refuses_arguments_altered_after_the_decision(reviewer:
     approval = _approved(reviewer)
     ApprovalRequest.objects.filter(pk=approval.pk).update(arguments={"command": "rm -rf /"})
     with pytest.raises(services.StaleArguments):
-        services.approval_consume(request_id=approval.request_id)
+        services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "approved"
 
 
@@ -75,13 +100,20 @@ def test_approval_consume_refuses_a_policy_altered_after_the_decision(reviewer: 
     approval = _approved(reviewer)
     ApprovalRequest.objects.filter(pk=approval.pk).update(network_policy="host")
     with pytest.raises(services.StaleArguments):
-        services.approval_consume(request_id=approval.request_id)
+        services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
+
+
+def test_approval_consume_refuses_a_run_that_is_not_what_was_approved(reviewer: User) -> None:
+    approval = _approved(reviewer)
+    with pytest.raises(services.RunSpecChanged):
+        services.approval_consume(request_id=approval.request_id, run_sha256="0" * 64)
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "approved"
 
 
 def test_approval_consume_of_a_pending_request_is_refused() -> None:
     approval = _pending()
     with pytest.raises(Conflict):
-        services.approval_consume(request_id=approval.request_id)
+        services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
 
 

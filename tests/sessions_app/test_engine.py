@@ -264,3 +264,45 @@ def test_engine_command_outputs_are_stored_as_artifacts_and_symlinks_out_are_not
     assert artifact.sha256 == hashlib.sha256(b"report\n").hexdigest()
     assert Path(artifact.storage_path).read_bytes() == b"report\n"
     assert Event.objects.filter(session=session, type="artifact.published").count() == 1
+
+
+# --- what you approve is what runs ----------------------------------------------------------------
+
+def test_engine_a_tool_edited_after_the_request_stops_the_step_and_asks_again(
+        engine_agent: AgentProfile, people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo bound > out.txt"),
+                                                          "say {results}"))
+    (first,) = pending_approvals(turn)
+    # The admin widens the tool while the request waits: the reviewer's approval must not cover it.
+    ToolDefinition.objects.filter(name="run_command").update(network="host", timeout_seconds=7)
+    tool_definitions_cache_clear()
+    assert decide(people[1], first, decision="approve").status_code == 200
+    second = wait_for(lambda: ApprovalRequest.objects.filter(turn=turn, status="pending").exclude(pk=first.pk).first(),
+                      timeout=30)
+    assert ApprovalRequest.objects.get(pk=first.pk).status == "cancelled"
+    invalidated = Event.objects.get(session=session, type="approval.invalidated")
+    assert {"network", "timeout_seconds", "tool_version", "limits"} <= set(invalidated.payload["changed"])
+    assert second.network_policy == "host" and second.run_spec["timeout_seconds"] == 7
+    assert not (Path(session.workspace or "/nonexistent") / "out.txt").exists()
+    assert not Event.objects.filter(session=session, type="tool.started").exists()
+    wait_for(lambda: Turn.objects.get(pk=turn.pk).status == "awaiting_approval" or None, timeout=30)
+    decide(people[1], second, decision="approve")
+    turn = finished(turn)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert (Step.objects.get(pk=first.step_id).result or {}).get("status") == "completed"
+
+
+def test_engine_a_tool_disabled_after_the_request_never_runs(engine_agent: AgentProfile,
+                                                             people: tuple[User, User]) -> None:
+    session, turn = start(engine_agent, people[0], script(tool("run_command", command="echo x > out.txt"),
+                                                          "say {results}"))
+    (approval,) = pending_approvals(turn)
+    ToolDefinition.objects.filter(name="run_command").update(enabled=False)
+    tool_definitions_cache_clear()
+    decide(people[1], approval, decision="approve")
+    turn = finished(turn)
+    step = Step.objects.get(pk=approval.step_id)
+    assert step.status == "failed" and step.error_code == "tool_unavailable"
+    assert Event.objects.filter(session=session, type="approval.invalidated").count() == 1
+    assert not Event.objects.filter(session=session, type="tool.started").exists()
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "cancelled"
