@@ -165,6 +165,10 @@ AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
 # API decisions must name the run-spec hash the reviewer saw; off only for trusted clients.
 AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = env.bool("AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256", default=True)
+# A remembered approval (a grant) ends with the turn it was given in ("turn") or lasts for the
+# session ("session"); AGENTOPS_GRANT_TTL_SECONDS (0 = none) ends it earlier in either case.
+AGENTOPS_GRANT_SCOPE = env.str("AGENTOPS_GRANT_SCOPE", default="turn")
+AGENTOPS_GRANT_TTL_SECONDS = env.int("AGENTOPS_GRANT_TTL_SECONDS", default=0)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.

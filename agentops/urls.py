@@ -31,4 +31,5 @@ urlpatterns = [
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),
+    path("grants/<int:grant_id>/revoke/", approval_views.grant_revoke_view, name="grant_revoke"),
 ]

@@ -1,7 +1,11 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from agentops.admin import ReadOnlyAdmin
+from agentops.domain import DomainError
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.services import grant_revoke
 
 
 @admin.register(ApprovalRequest)
@@ -15,9 +19,23 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(ApprovalGrant)
 class ApprovalGrantAdmin(ReadOnlyAdmin):
-    list_display = ["tool_name", "session", "granted_by", "created_at", "revoked_at"]
+    list_display = ["tool_name", "session", "arguments_sha256", "argument_pattern", "uses", "granted_by", "created_at",
+                    "expires_at", "revoked_at", "revoked_by"]
     list_filter = ["tool_name"]
     search_fields = ["tool_name", "session__id"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected grants")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApprovalGrant]) -> None:
+        revoked = 0
+        for grant in queryset:
+            try:
+                grant_revoke(grant_id=grant.pk, actor=request.user)  # type: ignore[arg-type]
+            except DomainError as exc:
+                self.message_user(request, f"{grant}: {exc.message}", level=messages.ERROR)
+            else:
+                revoked += 1
+        self.message_user(request, f"Revoked {revoked} grant(s).")
 
 
 @admin.register(ApprovalAudit)

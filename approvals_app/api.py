@@ -11,8 +11,9 @@ from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
 from agentops.permissions import VIEW_APPROVALS, require_perm
 from approvals_app import selectors, services
-from approvals_app.models import ApprovalRequest
-from approvals_app.schemas import ApprovalDecideIn, ApprovalOut, ApprovalPageOut
+from approvals_app.models import ApprovalGrant, ApprovalRequest
+from approvals_app.schemas import ApprovalDecideIn, ApprovalOut, ApprovalPageOut, GrantOut
+from sessions_app import selectors as session_selectors
 
 router = Router(tags=["approvals"])
 
@@ -55,5 +56,35 @@ def approval_decide_api(request: AuthedRequest, request_id: str, payload: Approv
         request_id=selectors.approval_get(request_id, user=request.user).request_id, actor=request.user,
         decision=payload.decision, reason=payload.reason, seen_hash=payload.arguments_sha256,
         arguments=payload.arguments, remember=payload.remember,
-        require_seen_hash=settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256)
+        require_seen_hash=settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256, grant_pattern=payload.grant_pattern)
     return approval_out(selectors.approval_get(approval.request_id, user=request.user))
+
+
+def grant_out(g: ApprovalGrant, current_turn_id: Any = None) -> dict[str, Any]:
+    return {
+        "grant_id": g.pk, "session_id": g.session_id, "tool_name": g.tool_name,
+        "arguments_sha256": g.arguments_sha256 or None, "argument_pattern": g.argument_pattern,
+        "turn_id": g.turn_id, "expires_at": g.expires_at, "uses": g.uses, "last_used_at": g.last_used_at,
+        "live": selectors.grant_is_live_now(g, current_turn_id=current_turn_id),
+        "granted_by": g.granted_by.get_username() if g.granted_by else None, "revoked_at": g.revoked_at,
+        "revoked_by": g.revoked_by.get_username() if g.revoked_by else None,
+        "source_request_id": g.source_request.request_id if g.source_request else None, "created_at": g.created_at,
+    }
+
+
+@router.get("/sessions/{session_id}/grants", response={200: list[GrantOut], **ERRORS})
+def grants_list_api(request: AuthedRequest, session_id: str) -> list[dict[str, Any]]:
+    """The session's remembered approvals with their uses; ``live`` is false once revoked, expired
+    or ended with their turn."""
+    require_perm(request.user, VIEW_APPROVALS)
+    session = session_selectors.session_get(session_id, user=request.user)
+    current = session_selectors.current_turn_id(session.id)
+    return [grant_out(g, current) for g in selectors.grants_of_session(session.id, user=request.user)]
+
+
+@router.post("/grants/{grant_id}/revoke", response={200: GrantOut, **ERRORS})
+def grant_revoke_api(request: AuthedRequest, grant_id: str) -> dict[str, Any]:
+    grant = selectors.grant_get(grant_id, user=request.user)
+    services.grant_revoke(grant_id=grant.pk, actor=request.user)
+    (fresh,) = [g for g in selectors.grants_of_session(grant.session_id, user=request.user) if g.pk == grant.pk]
+    return grant_out(fresh)

@@ -108,20 +108,38 @@ class ApprovalRequest(StateMachine, models.Model):
 
 
 class ApprovalGrant(models.Model):
-    """A reviewer allowed a confirm_once tool for the rest of a session."""
+    """A reviewer let one confirm_once tool run unasked in one session, for exactly one argument
+    hash or for the calls an explicit argument pattern matches, until it expires (with the turn
+    it was granted in, by default) or a reviewer of the team revokes it. Every use is an event."""
 
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="grants")
     tool_name = models.CharField(max_length=64)
+    # Exactly one of the two: the canonical-JSON SHA-256 of the arguments, or a pattern
+    # {argument: glob} (every argument of the call must be named and match; fnmatch, case-sensitive).
+    arguments_sha256 = models.CharField(max_length=64, blank=True)
+    argument_pattern = models.JSONField(null=True, blank=True)
+    # Set: the grant ends with this turn (AGENTOPS_GRANT_SCOPE=turn, the default).
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     source_request = models.ForeignKey(ApprovalRequest, null=True, blank=True, on_delete=models.SET_NULL,
                                        related_name="+")
     expires_at = models.DateTimeField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
-        constraints = [models.UniqueConstraint(fields=["session", "tool_name"], name="grant_unique_tool")]
+        constraints = [
+            models.CheckConstraint(
+                condition=(~Q(arguments_sha256="") & Q(argument_pattern__isnull=True))
+                | (Q(arguments_sha256="") & Q(argument_pattern__isnull=False)),
+                name="grant_hash_xor_pattern"),
+        ]
+        indexes = [models.Index(fields=["session", "tool_name"], name="grant_session_tool_idx")]
 
     def __str__(self) -> str:
         return f"{self.tool_name} for {self.session_id}"

@@ -11,6 +11,8 @@ class ApprovalDecideIn(Schema):
     arguments_sha256: str | None = Field(None, min_length=64, max_length=64)
     arguments: dict[str, Any] | None = None
     remember: bool = False
+    # With remember: the calls the grant covers, {argument: glob}; absent = these exact arguments.
+    grant_pattern: dict[str, str] | None = None
 
 
 class ApprovalOut(Schema):
@@ -43,3 +45,21 @@ class ApprovalOut(Schema):
 class ApprovalPageOut(Schema):
     items: list[ApprovalOut]
     next_cursor: str | None
+
+
+class GrantOut(Schema):
+    grant_id: int
+    session_id: UUID
+    tool_name: str
+    arguments_sha256: str | None
+    argument_pattern: dict[str, str] | None
+    turn_id: UUID | None
+    expires_at: datetime | None
+    uses: int
+    last_used_at: datetime | None
+    live: bool
+    granted_by: str | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    source_request_id: UUID | None
+    created_at: datetime

@@ -107,11 +107,39 @@ def approval_approved_for_step(step_id: uuid.UUID) -> ApprovalRequest | None:
                                            status=ApprovalRequest.Status.APPROVED).order_by("-created_at").first())
 
 
-def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
-    """Does a grant, neither revoked nor expired, let ``tool_name`` run in this session unasked?"""
-    now = timezone.now()
-    return ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name,
-                                        revoked_at__isnull=True).exclude(expires_at__lte=now).exists()
+def grants_of_session(session_id: Any, *, user: Any) -> list[ApprovalGrant]:
+    """A session's grants (of the user's teams), newest first, with who granted and revoked them
+    and the turn they end with. One query."""
+    key = _uuid_or_none(session_id)
+    if key is None:
+        return []
+    return list(scope(ApprovalGrant.objects.filter(session_id=key), user, field="session__team_id")
+                .select_related("granted_by", "revoked_by", "turn", "source_request").order_by("-created_at"))
+
+
+def grant_get(grant_id: Any, *, user: Any) -> ApprovalGrant:
+    """A grant of a session of the user's teams; NotFound otherwise."""
+    try:
+        return scope(ApprovalGrant.objects.select_related("session"), user, field="session__team_id").get(
+            pk=int(str(grant_id)))
+    except (ValueError, OverflowError, ApprovalGrant.DoesNotExist) as exc:
+        raise NotFound(f"No grant {grant_id}") from exc
+
+
+def grant_is_live_now(grant: ApprovalGrant, *, current_turn_id: Any = None) -> bool:
+    """Neither revoked nor expired (nor ended with its turn, when the current turn is another)."""
+    if grant.revoked_at is not None or (grant.expires_at is not None and grant.expires_at <= timezone.now()):
+        return False
+    if grant.turn_id is not None and grant.turn is not None and not grant.turn.is_active:
+        return False  # it ended with its turn
+    return grant.turn_id is None or current_turn_id is None or grant.turn_id == current_turn_id
+
+
+def _uuid_or_none(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
 
 
 def audit_of(request_id: Any) -> list[ApprovalAudit]:

@@ -4,6 +4,7 @@ Every status write goes through ``_move``, the guarded transition (locked row, `
 checked). A decision wakes the engine after commit through ``agentops.dispatch``.
 """
 
+import fnmatch
 import hashlib
 import uuid
 from datetime import timedelta
@@ -13,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agentops import dispatch
@@ -197,7 +199,8 @@ def approval_viewed_record(*, approval: ApprovalRequest, actor: User) -> None:
 
 def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, reason: str = "",
                     seen_hash: str | None = None, arguments: dict[str, Any] | None = None,
-                    remember: bool = False, require_seen_hash: bool = False) -> ApprovalRequest:
+                    remember: bool = False, require_seen_hash: bool = False,
+                    grant_pattern: dict[str, str] | None = None) -> ApprovalRequest:
     """Record a reviewer's decision. Idempotent for the same decision; 409 otherwise.
 
     Wakes the engine after commit. A request past its deadline that the sweeper has not reached
@@ -219,12 +222,13 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
                                              expires_at__lte=timezone.now()).values_list("pk", flat=True):
         _expire_one(pk)
     return _decide(request_id=key, actor=actor, decision=decision, reason=reason, seen_hash=seen_hash,
-                   arguments=arguments, remember=remember)
+                   arguments=arguments, remember=remember, grant_pattern=grant_pattern)
 
 
 @transaction.atomic
 def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, seen_hash: str | None,
-            arguments: dict[str, Any] | None, remember: bool) -> ApprovalRequest:
+            arguments: dict[str, Any] | None, remember: bool,
+            grant_pattern: dict[str, str] | None = None) -> ApprovalRequest:
     try:
         approval = locked_with_session(ApprovalRequest.objects.select_related("session", "turn"),
                                        request_id=request_id)
@@ -257,6 +261,10 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
     if remember and (decision != Decision.APPROVE or approval.approval_mode != ApprovalMode.CONFIRM_ONCE):
         raise InvalidArguments("remember applies only to approving a confirm_once tool",
                                details={"field": "remember"})
+    if grant_pattern is not None:
+        if not remember:
+            raise InvalidArguments("A grant pattern needs remember", details={"field": "grant_pattern"})
+        _validate_pattern(grant_pattern, approval.arguments if arguments is None else arguments)
 
     approved_sha256 = approval.arguments_sha256
     if arguments is not None and approval.run_spec:
@@ -271,14 +279,12 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
                  details={"decision": decision, "reason": reason, "seen_sha256": seen_hash or "",
                           "arguments_sha256": approval.arguments_sha256, "remember": remember})
     _apply_to_step(approval)
-    if remember:
-        ApprovalGrant.objects.get_or_create(session_id=approval.session_id, tool_name=approval.tool_name,
-                                            defaults={"granted_by": actor, "source_request": approval})
+    grant = _grant_create(approval, actor=actor, pattern=grant_pattern) if remember else None
     event_record(session_id=approval.session_id, turn_id=approval.turn_id, step_id=approval.step_id,
                  type="approval.decided",
                  payload={**_public(approval), "decision": decision, "reason": reason,
                           "decided_by": actor.get_username(), "edited_arguments": arguments,
-                          "remember": remember})
+                          "remember": remember, "grant": grant_public(grant) if grant else None})
     dispatch.tick_enqueue(approval.turn_id)
     return approval
 
@@ -375,3 +381,101 @@ def approval_cancel_open(*, turn_id: uuid.UUID | str) -> int:
                      type="approval.cancelled", payload=_public(approval))
         count += 1
     return count
+
+
+# --- grants ---------------------------------------------------------------------------------------
+
+def args_sha256(arguments: Any) -> str:
+    """The canonical-JSON SHA-256 of a call's arguments (what an exact grant names)."""
+    return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
+
+
+def pattern_matches(pattern: dict[str, str], arguments: Any) -> bool:
+    """Every argument of the call is named by the pattern and its value (as text; JSON for
+    non-strings) matches the glob (fnmatch, case-sensitive). An argument the pattern does not
+    name refuses the match: a reviewer who allowed ``{"path": "notes/*"}`` did not allow
+    whatever other argument the model adds."""
+    if not isinstance(arguments, dict) or set(arguments) - set(pattern):
+        return False
+    for name, glob in pattern.items():
+        if name not in arguments:
+            return False
+        value = arguments[name]
+        text = value if isinstance(value, str) else canonical_json(value)
+        if not fnmatch.fnmatchcase(text, glob):
+            return False
+    return True
+
+
+def _validate_pattern(pattern: Any, arguments: Any) -> None:
+    if (not isinstance(pattern, dict) or not pattern
+            or not all(isinstance(k, str) and isinstance(v, str) and len(v) <= 500 for k, v in pattern.items())):
+        raise InvalidArguments("A grant pattern maps argument names to glob patterns (text)",
+                               details={"field": "grant_pattern"})
+    if not pattern_matches(pattern, arguments):
+        raise InvalidArguments("The grant pattern must match the call you approve (and name every argument)",
+                               details={"field": "grant_pattern"})
+
+
+def grant_public(grant: ApprovalGrant) -> dict[str, Any]:
+    return {"grant_id": grant.pk, "tool": grant.tool_name, "arguments_sha256": grant.arguments_sha256 or None,
+            "argument_pattern": grant.argument_pattern, "turn_id": str(grant.turn_id) if grant.turn_id else None,
+            "expires_at": grant.expires_at.isoformat() if grant.expires_at else None, "uses": grant.uses}
+
+
+def _grant_create(approval: ApprovalRequest, *, actor: User, pattern: dict[str, str] | None) -> ApprovalGrant:
+    """The narrow grant of a remembered approval: this session, this tool, these exact (effective)
+    arguments or the stated pattern; ends with the turn (AGENTOPS_GRANT_SCOPE=turn, the default)
+    or at AGENTOPS_GRANT_TTL_SECONDS, whichever comes first."""
+    ttl = settings.AGENTOPS_GRANT_TTL_SECONDS
+    return ApprovalGrant.objects.create(
+        session_id=approval.session_id, tool_name=approval.tool_name,
+        arguments_sha256="" if pattern is not None else args_sha256(approval.effective_arguments),
+        argument_pattern=pattern,
+        turn_id=approval.turn_id if settings.AGENTOPS_GRANT_SCOPE == "turn" else None,
+        expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
+        granted_by=actor, source_request=approval)
+
+
+@joins_transaction
+def grant_use(*, session_id: uuid.UUID, turn_id: uuid.UUID, step_id: uuid.UUID, tool_name: str,
+              arguments: Any) -> ApprovalGrant | None:
+    """The live grant that covers this call, with its use counted and recorded as a
+    ``grant.used`` event; None when none does (the caller asks a reviewer). Session locked."""
+    now = timezone.now()
+    candidates = (ApprovalGrant.objects.filter(session_id=session_id, tool_name=tool_name, revoked_at__isnull=True)
+                  .filter(Q(turn__isnull=True) | Q(turn_id=turn_id)).exclude(expires_at__lte=now)
+                  .order_by("created_at"))
+    digest = args_sha256(arguments)
+    for grant in candidates:
+        if grant.arguments_sha256 == digest or (grant.argument_pattern is not None and not grant.arguments_sha256
+                                                and pattern_matches(grant.argument_pattern, arguments)):
+            ApprovalGrant.objects.filter(pk=grant.pk).update(uses=F("uses") + 1, last_used_at=now)
+            grant.uses += 1
+            event_record(session_id=session_id, turn_id=turn_id, step_id=step_id, type="grant.used",
+                         payload={**grant_public(grant), "arguments_sha256": digest})
+            return grant
+    return None
+
+
+@transaction.atomic
+def grant_revoke(*, grant_id: int, actor: User) -> ApprovalGrant:
+    """Revoke a grant (any reviewer of the session's team). Idempotent; audited; an event."""
+    try:
+        grant = locked_with_session(ApprovalGrant.objects.select_related("session"), pk=grant_id)
+    except (ApprovalGrant.DoesNotExist, ValueError, ValidationError) as exc:
+        raise NotFound(f"No grant {grant_id}") from exc
+    if not (actor.is_active and actor.has_perm(DECIDE_APPROVALS)
+            and has_team_role(actor, grant.session.team_id, REVIEW_ROLES)):
+        raise PermissionDenied("Revoking a grant needs the reviewer role in the session's team.")
+    if grant.revoked_at is not None:
+        return grant
+    grant.revoked_at, grant.revoked_by = timezone.now(), actor
+    grant.save(update_fields=["revoked_at", "revoked_by"])
+    source = grant.source_request.request_id if grant.source_request else uuid.UUID(int=0)
+    ApprovalAudit.objects.create(request_id=source, session_id=grant.session_id, team_id=grant.session.team_id,
+                                 action=ApprovalAudit.Action.GRANT_REVOKED, actor=actor,
+                                 actor_username=actor.get_username(), details=grant_public(grant))
+    event_record(session_id=grant.session_id, type="grant.revoked",
+                 payload={**grant_public(grant), "revoked_by": actor.get_username()})
+    return grant

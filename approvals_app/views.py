@@ -5,6 +5,7 @@ rendered: a page that went stale gets a clear refusal (409) from ``approval_deci
 wrong approval.
 """
 
+import json
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -23,7 +24,7 @@ from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, req
 from approvals_app import selectors
 from approvals_app.forms import ApprovalEditForm
 from approvals_app.models import ApprovalRequest
-from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal
+from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal, grant_revoke
 from sessions_app import presenters
 from sessions_app import selectors as session_selectors
 from tools_app.builtin.command import policy_for
@@ -120,6 +121,7 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
             lines = edit_form.error_lines()
             raise InvalidArguments("; ".join(lines), details={"errors": lines})
         decided = approval_decide(request_id=request_id, actor=request.user,
+                                  grant_pattern=_grant_pattern(request.POST.get("grant_pattern", "")),
                                   decision=request.POST.get("decision", ""), reason=request.POST.get("reason", ""),
                                   seen_hash=seen_hash,
                                   arguments=edit_form.edited_arguments() if edit_form is not None else None,
@@ -148,3 +150,33 @@ def _explain(exc: DomainError) -> str:
         return ("This page is out of date: the request changed since you opened it. Nothing was approved. "
                 "Review the current arguments below and decide again.")
     return exc.message
+
+
+def _grant_pattern(text: str) -> dict[str, str] | None:
+    """The form's grant pattern: a JSON object {argument: glob}; empty = the exact arguments."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArguments('The grant pattern must be JSON, e.g. {"path": "notes/*"}.',
+                               details={"field": "grant_pattern"}) from exc
+    if not isinstance(value, dict):
+        raise InvalidArguments("The grant pattern must be a JSON object.", details={"field": "grant_pattern"})
+    return value
+
+
+@require_POST
+@login_required
+def grant_revoke_view(request: HtmxHttpRequest, grant_id: int) -> HttpResponse:
+    try:
+        grant = selectors.grant_get(grant_id, user=request.user)
+    except NotFound as exc:
+        raise Http404("No such grant") from exc
+    try:
+        grant_revoke(grant_id=grant.pk, actor=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Revoked the grant of {grant.tool_name}.")
+    return redirect("session_detail", session_id=grant.session_id)

@@ -149,6 +149,11 @@ def turn_get(turn_id: Any, *, user: Any) -> Turn:
     return _get(scope(Turn.objects.select_related("session"), user, field="session__team_id"), turn_id, "turn")
 
 
+def current_turn_id(session_id: Any) -> uuid.UUID | None:
+    """The session's latest turn (the one a turn-scoped grant must belong to). One query."""
+    return Turn.objects.filter(session_id=session_id).order_by("-index").values_list("id", flat=True).first()
+
+
 def turns_of_session(session_id: Any) -> list[Turn]:
     """Every turn of a session, in order."""
     return list(Turn.objects.filter(session_id=session_id).order_by("index"))

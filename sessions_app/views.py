@@ -22,7 +22,8 @@ from django_htmx.http import HttpResponseClientRedirect
 from agentops.domain import DomainError, NotFound, PermissionDenied
 from agentops.health import health_checks
 from agentops.http import AuthedRequest, HtmxHttpRequest
-from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
+from agentops.permissions import DECIDE_APPROVALS, OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
+from agentops.teams import REVIEW_ROLES, has_team_role
 from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.downloads import artifact_response
@@ -134,6 +135,10 @@ def session_detail_view(request: AuthedRequest, session_id: UUID) -> HttpRespons
     turns, earlier_before = _timeline(session)
     context = {"nav": "sessions", "turns": turns, "earlier_before": earlier_before,
                "artifacts": selectors.artifacts_of_session(session.id, newest_first=True, limit=ARTIFACTS_LIMIT),
+               "grants": [{"grant": g, "live": approval_selectors.grant_is_live_now(g)}
+                          for g in approval_selectors.grants_of_session(session.id, user=request.user)],
+               "can_revoke": has_perm(request.user, DECIDE_APPROVALS)
+               and has_team_role(request.user, session.team_id, REVIEW_ROLES),
                **presenters.sidebar_context(session, can_operate=has_perm(request.user, OPERATE_SESSIONS))}
     return render(request, "dashboard/session_detail.html", context)
 

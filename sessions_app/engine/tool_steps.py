@@ -25,8 +25,14 @@ from django.db.models import F
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidTransition, joins_transaction
 from approvals_app.models import ApprovalRequest
-from approvals_app.selectors import approval_approved_for_step, grant_is_live
-from approvals_app.services import RunSpecChanged, approval_consume, approval_request_create, approval_transition
+from approvals_app.selectors import approval_approved_for_step
+from approvals_app.services import (
+    RunSpecChanged,
+    approval_consume,
+    approval_request_create,
+    approval_transition,
+    grant_use,
+)
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step
@@ -139,7 +145,9 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
         return Step.Status.RUNNING
     mode = tool.approval_mode
     if mode == ApprovalMode.SAFE_READONLY or (
-            mode == ApprovalMode.CONFIRM_ONCE and grant_is_live(session_id=session.id, tool_name=tool.name)):
+            mode == ApprovalMode.CONFIRM_ONCE
+            and grant_use(session_id=session.id, turn_id=step.turn_id, step_id=step.id, tool_name=tool.name,
+                          arguments=step.arguments) is not None):
         step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
     _ask_reviewer(step, session, tool)

@@ -9,9 +9,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from agentops.domain import Conflict
-from approvals_app import selectors, services
+from approvals_app import services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
-from sessions_app.models import Step
+from sessions_app.models import Event, Step, Turn
 from tests import factories
 from tools_app.binding import run_spec, spec_sha256
 from tools_app.models import ToolDefinition
@@ -122,25 +122,48 @@ def test_approval_consume_of_a_pending_request_is_refused() -> None:
 
 def _grant(**fields: Any) -> ApprovalGrant:
     session = factories.session()
-    return ApprovalGrant.objects.create(session=session, tool_name="write_file", **fields)
+    turn = factories.turn(session)
+    fields.setdefault("arguments_sha256", services.args_sha256({"path": "a.txt", "content": "x"}))
+    return ApprovalGrant.objects.create(session=session, tool_name="write_file", turn=turn, **fields)
 
 
-def test_grant_is_live_for_a_plain_grant() -> None:
+def _use(grant: ApprovalGrant, arguments: Any = None, *, tool_name: str = "write_file",
+         turn_id: Any = None) -> ApprovalGrant | None:
+    turn = Turn.objects.get(pk=str(turn_id or grant.turn_id))
+    step = factories.step(turn, tool_name=tool_name, arguments=arguments or {"path": "a.txt", "content": "x"})
+    return services.grant_use(session_id=grant.session_id, turn_id=turn.id, step_id=step.id, tool_name=tool_name,
+                              arguments=step.arguments)
+
+
+def test_grant_covers_its_tool_and_exact_arguments_only_and_each_use_is_an_event() -> None:
     grant = _grant()
-    assert selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
-    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="run_command")
+    assert _use(grant) == grant
+    assert _use(grant, {"path": "a.txt", "content": "something else"}) is None
+    assert _use(grant, tool_name="run_command") is None
+    grant.refresh_from_db()
+    assert grant.uses == 1 and grant.last_used_at is not None
+    (event,) = Event.objects.filter(session_id=grant.session_id, type="grant.used")
+    assert event.payload["grant_id"] == grant.pk and event.payload["uses"] == 1
 
 
-def test_grant_is_live_not_for_a_revoked_grant() -> None:
-    grant = _grant(revoked_at=timezone.now())
-    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
+def test_grant_with_a_pattern_covers_matching_calls_that_name_no_other_argument() -> None:
+    grant = _grant(arguments_sha256="", argument_pattern={"path": "notes/*.md", "content": "*"})
+    assert _use(grant, {"path": "notes/a.md", "content": "hi"}) == grant
+    assert _use(grant, {"path": "etc/passwd", "content": "hi"}) is None
+    assert _use(grant, {"path": "notes/a.md", "content": "hi", "mode": "0777"}) is None
 
 
-def test_grant_is_live_not_for_an_expired_grant() -> None:
-    grant = _grant(expires_at=timezone.now() - timedelta(seconds=1))
-    assert not selectors.grant_is_live(session_id=grant.session_id, tool_name="write_file")
+def test_grant_ends_with_its_turn_when_revoked_or_expired() -> None:
+    grant = _grant()
+    Turn.objects.filter(pk=str(grant.turn_id)).update(status="completed")
+    next_turn = factories.turn(grant.session)
+    assert _use(grant, turn_id=next_turn.id) is None
+    revoked = _grant(revoked_at=timezone.now())
+    assert _use(revoked) is None
+    expired = _grant(expires_at=timezone.now() - timedelta(seconds=1))
+    assert _use(expired) is None
     later = _grant(expires_at=timezone.now() + timedelta(hours=1))
-    assert selectors.grant_is_live(session_id=later.session_id, tool_name="write_file")
+    assert _use(later) == later
 
 
 # --- expiry ------------------------------------------------------------------------------------------
