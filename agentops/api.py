@@ -27,7 +27,7 @@ class ErrorOut(Schema):
 
 
 # The error responses every operation may give, for the OpenAPI schema.
-ERRORS: dict[int, type[ErrorOut]] = dict.fromkeys((400, 401, 403, 404, 409, 413, 422), ErrorOut)
+ERRORS: dict[int, type[ErrorOut]] = dict.fromkeys((400, 401, 403, 404, 409, 413, 422, 429), ErrorOut)
 
 # Codes of ninja's own HttpErrors, by status.
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "permission_denied", 404: "not_found",

@@ -64,6 +64,13 @@ class PermissionDenied(DomainError):
     status = 403
 
 
+class Throttled(DomainError):
+    """Too many requests of this kind; wait and try again."""
+
+    code = "throttled"
+    status = 429
+
+
 class StateMachine:
     """Mixin for models with a ``status`` field and a ``TRANSITIONS`` table.
 

@@ -169,6 +169,12 @@ AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = env.bool("AGENTOPS_API_REQUIRE_ARGUMENTS
 # session ("session"); AGENTOPS_GRANT_TTL_SECONDS (0 = none) ends it earlier in either case.
 AGENTOPS_GRANT_SCOPE = env.str("AGENTOPS_GRANT_SCOPE", default="turn")
 AGENTOPS_GRANT_TTL_SECONDS = env.int("AGENTOPS_GRANT_TTL_SECONDS", default=0)
+# Streams (WebSocket, SSE): re-check the credential and access this often (a revoked token or a
+# removed membership closes the stream within it), live at most this long (then ask the client to
+# reconnect), and replay from the database at most this often per user.
+AGENTOPS_STREAM_RECHECK_SECONDS = env.float("AGENTOPS_STREAM_RECHECK_SECONDS", default=30.0)
+AGENTOPS_STREAM_MAX_SECONDS = env.float("AGENTOPS_STREAM_MAX_SECONDS", default=3600.0)
+AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE", default=60)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.

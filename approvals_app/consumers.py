@@ -15,6 +15,7 @@ from django.utils.dateparse import parse_datetime
 from agentops.asyncdb import JsonConsumer, database_read
 from agentops.models import Team
 from agentops.permissions import VIEW_APPROVALS, has_perm
+from agentops.streamaccess import Watchdog, credential_of_scope
 from agentops.teams import team_ids
 from sessions_app import selectors
 from sessions_app.announce import approvals_group
@@ -51,6 +52,7 @@ def _queue_groups(user: Any) -> list[str] | None:
 class ApprovalsConsumer(JsonConsumer):
     groups_joined: list[str]
     ready: bool = False
+    watchdog: Watchdog | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -65,8 +67,15 @@ class ApprovalsConsumer(JsonConsumer):
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
+        # The queue's groups are fixed at connect: a removed membership must end the connection
+        # (the client reconnects with the groups it may still join).
+        self.watchdog = Watchdog(self, credential_of_scope(self.scope),
+                                 lambda u: _queue_groups(u) == groups)
+        self.watchdog.start()
 
     async def disconnect(self, code: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 

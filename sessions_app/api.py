@@ -1,16 +1,20 @@
 """Sessions, turns, events, artifacts, agents and tools: the integration API."""
 
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.http import FileResponse, StreamingHttpResponse
 from ninja import Query, Router
 from ninja.responses import Status
 
+from agentops import streamaccess
 from agentops.api import ERRORS
-from agentops.domain import InvalidArguments
+from agentops.asyncdb import database_read
+from agentops.domain import InvalidArguments, Throttled
 from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
-from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, require_perm
+from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, has_perm, require_perm
 from sessions_app import selectors, streams
 from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
@@ -124,10 +128,22 @@ def events_stream_api(request: AuthedRequest, session_id: str, after: int | None
     events, each once and in seq order (``sessions_app/streams.py``)."""
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id, user=request.user)
+    if not streamaccess.replays.allow(request.user.pk):
+        raise Throttled("Too many stream (re)connections; wait a minute.",
+                        details={"per_minute": settings.AGENTOPS_STREAM_REPLAYS_PER_MINUTE})
     last_event_id = request.headers.get("Last-Event-ID", "")
     start = after if after is not None else int(last_event_id) if last_event_id.isdigit() else 0
-    response = StreamingHttpResponse(streams.event_stream(session.id, start, max_seconds=max_seconds),
-                                     content_type="text/event-stream")
+    credential = streamaccess.credential_of_request(request)
+
+    def may_watch(user: Any) -> bool:
+        return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session.id, user=user)
+
+    recheck = database_read(partial(streamaccess.still_allowed, credential, may_watch))
+    response = StreamingHttpResponse(
+        streams.event_stream(session.id, start, max_seconds=max_seconds, recheck=recheck,
+                             recheck_seconds=settings.AGENTOPS_STREAM_RECHECK_SECONDS,
+                             max_life_seconds=settings.AGENTOPS_STREAM_MAX_SECONDS),
+        content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentops.asyncdb import JsonConsumer, database_read
 from agentops.permissions import VIEW_SESSIONS, has_perm
+from agentops.streamaccess import ReplayLimiter, Watchdog, credential_of_scope
 from sessions_app import selectors
 from sessions_app.announce import session_group
 from sessions_app.fragments import render_event_fragments
@@ -32,12 +33,14 @@ def load_messages(session_id: Any, after: int, until: int | None, limit: int) ->
 
 
 def _may_view(user: Any, session_id: Any) -> bool:
+    """May ``user`` watch this session: the permission, and the session in one of their teams."""
     return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id, user=user)
 
 
 class SessionConsumer(JsonConsumer):
     session_id: str
     group: str = ""
+    watchdog: Watchdog | None = None
     feed: EventFeed | None = None  # set by the hello
 
     async def connect(self) -> None:
@@ -52,8 +55,14 @@ class SessionConsumer(JsonConsumer):
         self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        session_id = self.session_id
+        self.watchdog = Watchdog(self, credential_of_scope(self.scope), lambda u: _may_view(u, session_id))
+        self.watchdog.start()
+        self.replays = ReplayLimiter()
 
     async def disconnect(self, code: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -71,6 +80,10 @@ class SessionConsumer(JsonConsumer):
                 await self.send_json(message)
             self.feed = feed
         elif kind == "resend" and self.feed is not None:
+            if not self.replays.allow(self.channel_name):
+                await self.send_json({"type": "error", "code": "throttled",
+                                      "message": "Too many resends; wait a minute."})
+                return
             after = _int(content.get("after"), 0)
             until = _int(content.get("until"), after + 1)
             async for message in self.feed.replay(after, min(until, after + MAX_RESEND)):

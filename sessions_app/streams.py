@@ -91,14 +91,29 @@ def stored_events(session_id: UUID | str) -> Reader:
     return database_read(load)
 
 
+def control_frame(name: str, data: dict[str, Any]) -> str:
+    """A frame about the stream itself (no ``id:``: it must not move the client's Last-Event-ID)."""
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
 def sse_frame(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, default=str)}\n\n"
 
 
+Recheck = Callable[[], Awaitable[bool]]
+
+
 async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
-                       read: Reader | None = None) -> AsyncGenerator[str, None]:
+                       read: Reader | None = None, recheck: Recheck | None = None,
+                       recheck_seconds: float = 30.0, max_life_seconds: float | None = None
+                       ) -> AsyncGenerator[str, None]:
     """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
-    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given."""
+    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given.
+
+    Every ``recheck_seconds`` ``recheck()`` says whether the client may still watch (its token or
+    session, its team): when not, an ``access_revoked`` event ends the stream. After
+    ``max_life_seconds`` a ``reconnect`` event (with ``retry:``) ends it: the client reconnects
+    with Last-Event-ID, and so authenticates again (``agentops/streamaccess.py``)."""
     layer = get_channel_layer()
     group = session_group(session_id)
     channel = await layer.new_channel() if layer is not None else ""
@@ -107,12 +122,26 @@ async def event_stream(session_id: UUID, after: int, *, max_seconds: float | Non
     feed = EventFeed(read or stored_events(session_id), after=after)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds if max_seconds else None
+    end_of_life = loop.time() + max_life_seconds if max_life_seconds else None
+    next_check = loop.time() + recheck_seconds
     try:
         yield ": connected\n\n"
         async for message in feed.backlog():
             yield sse_frame(message["event"])
         while deadline is None or loop.time() < deadline:
-            timeout = HEARTBEAT_SECONDS if deadline is None else min(HEARTBEAT_SECONDS, deadline - loop.time())
+            now = loop.time()
+            if recheck is not None and now >= next_check:
+                if not await recheck():
+                    yield control_frame("access_revoked", {"reason": "access_revoked"})
+                    return
+                next_check = now + recheck_seconds
+            if end_of_life is not None and now >= end_of_life:
+                yield "retry: 1000\n" + control_frame("reconnect", {"reason": "max_life", "last_seq": feed.last})
+                return
+            bounds = [HEARTBEAT_SECONDS] + [t - now for t in (deadline, end_of_life) if t is not None]
+            if recheck is not None:
+                bounds.append(next_check - now)
+            timeout = min(bounds)
             try:
                 if layer is None:
                     await asyncio.sleep(max(0.01, timeout))
