@@ -12,13 +12,14 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget
 
-from agentops.domain import DomainError, InvalidArguments, NotFound
+from agentops.domain import DomainError, InvalidArguments, NotFound, PermissionDenied
 from agentops.http import AuthedRequest, HtmxHttpRequest
 from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, require_perm
 from approvals_app import selectors
@@ -175,6 +176,8 @@ def grant_revoke_view(request: HtmxHttpRequest, grant_id: int) -> HttpResponse:
         raise Http404("No such grant") from exc
     try:
         grant_revoke(grant_id=grant.pk, actor=request.user)
+    except PermissionDenied as exc:
+        raise DjangoPermissionDenied(exc.message) from exc
     except DomainError as exc:
         messages.error(request, exc.message)
     else:

@@ -1,0 +1,268 @@
+"""The authorization matrix: every API endpoint, page and WebSocket route × every kind of caller
+→ the status it must get, generated from the one declaration ``MATRIX`` below.
+
+Callers (``PERSONAS``): anonymous; an operator and a reviewer of the objects' team ("same") and
+of another team ("other"); the author of the turn that produced the pending request, who holds
+both roles in the team (four-eyes: may not decide it); an admin (superuser, in no team); and a
+revoked API token (pages and sockets: a client whose only credential is that token).
+
+Each case builds a fresh world: team ``same`` holding an agent, a busy session (its turn, written
+by the author, waits for a reviewer on a run_command request; it has an artifact, a grant and a
+waiting client tool call) and an idle session; team ``other`` with its own members. Completeness
+is checked too: a new API operation, page or socket route without a row here fails the suite.
+
+WebSocket statuses: 101 accepted, else the close code (4401 signed out, 4403 no access).
+"""
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+
+from agentops.models import ApiToken
+from approvals_app import services as approval_services
+from approvals_app.models import ApprovalGrant, ApprovalRequest
+from sessions_app import services as session_services
+from sessions_app.models import AgentSession, Artifact, Step, Turn
+from sessions_app.services import step_transition
+from tests import factories
+from tests.helpers import api_token
+from tools_app.services import tool_definitions_seed
+
+PERSONAS = ("anonymous", "op_same", "op_other", "rev_same", "rev_other", "author_both", "admin", "revoked_token")
+
+
+def _row(anonymous: int, op_same: int, op_other: int, rev_same: int, rev_other: int, author_both: int,
+         admin: int, revoked_token: int) -> dict[str, int]:
+    return dict(zip(PERSONAS, (anonymous, op_same, op_other, rev_same, rev_other, author_both, admin,
+                               revoked_token), strict=True))
+
+
+# Reading something of team "same": members see it, others get 404.
+READ_SAME = _row(401, 200, 404, 200, 404, 200, 200, 401)
+# Listing (scoped): everybody signed in gets 200 (other teams an empty or their own list).
+LIST = _row(401, 200, 200, 200, 200, 200, 200, 401)
+PAGE_READ_SAME = _row(302, 200, 404, 200, 404, 200, 200, 302)
+PAGE_LIST = _row(302, 200, 200, 200, 200, 200, 200, 302)
+
+MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
+    # kind, method, path ({placeholders} from the world), body, expected status per persona
+    ("api", "GET", "/api/sessions", None, LIST),
+    ("api", "POST", "/api/sessions", {"agent": "{agent}", "input": "hi"}, _row(401, 201, 404, 403, 403, 201, 201, 401)),
+    ("api", "GET", "/api/sessions/{busy}", None, READ_SAME),
+    ("api", "POST", "/api/sessions/{busy}/cancel", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    ("api", "POST", "/api/sessions/{idle}/turns", {"input": "next"}, _row(401, 201, 404, 403, 403, 201, 201, 401)),
+    ("api", "GET", "/api/sessions/{busy}/turns", None, READ_SAME),
+    ("api", "GET", "/api/turns/{turn}", None, READ_SAME),
+    ("api", "GET", "/api/sessions/{busy}/events", None, READ_SAME),
+    ("api", "GET", "/api/sessions/{busy}/events/stream?max_seconds=0.05", None, READ_SAME),
+    ("api", "POST", "/api/sessions/{client}/tool-outputs", {"call_id": "call_client", "output": "ok"},
+     _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    ("api", "GET", "/api/sessions/{busy}/artifacts", None, READ_SAME),
+    ("api", "GET", "/api/artifacts/{artifact}/content", None, READ_SAME),
+    ("api", "GET", "/api/agents", None, LIST),
+    ("api", "GET", "/api/tools", None, LIST),
+    ("api", "GET", "/api/approvals", None, LIST),
+    ("api", "GET", "/api/approvals/{request}", None, READ_SAME),
+    ("api", "POST", "/api/approvals/{request}/decision", {"decision": "approve", "arguments_sha256": "{sha}"},
+     _row(401, 403, 404, 200, 404, 403, 200, 401)),
+    ("api", "GET", "/api/sessions/{busy}/grants", None, READ_SAME),
+    ("api", "POST", "/api/grants/{grant}/revoke", {}, _row(401, 403, 404, 200, 404, 200, 200, 401)),
+    ("page", "GET", "/", None, PAGE_LIST),
+    ("page", "GET", "/health-panel/", None, PAGE_LIST),
+    ("page", "GET", "/sessions/", None, PAGE_LIST),
+    ("page", "POST", "/sessions/new/", {"agent": "{agent}", "input": "hi"},
+     _row(302, 302, 422, 403, 403, 302, 302, 302)),
+    ("page", "GET", "/sessions/{busy}/", None, PAGE_READ_SAME),
+    ("page", "GET", "/sessions/{busy}/timeline/", None, PAGE_READ_SAME),
+    ("page", "POST", "/sessions/{idle}/turns/", {"input": "next"}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "POST", "/sessions/{busy}/cancel/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "GET", "/sessions/{busy}/artifacts/{artifact}/", None, PAGE_READ_SAME),
+    ("page", "GET", "/approvals/", None, PAGE_LIST),
+    ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),
+    ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},
+     _row(302, 403, 404, 302, 404, 403, 302, 302)),
+    ("page", "POST", "/grants/{grant}/revoke/", {}, _row(302, 403, 404, 302, 404, 302, 302, 302)),
+    ("ws", "CONNECT", "/ws/sessions/{busy}/", None, _row(4401, 101, 4403, 101, 4403, 101, 101, 4401)),
+    ("ws", "CONNECT", "/ws/approvals/", None, _row(4401, 101, 101, 101, 101, 101, 101, 4401)),
+]
+
+# Routes outside the matrix, and why: the admin, login/logout, health and the API docs are not
+# objects of a team (their own tests cover them).
+UNSCOPED_PAGES = {"admin/", "login/", "logout/", "healthz", "api/"}
+
+CASES = [(kind, method, path, body, persona, expected[persona])
+         for kind, method, path, body, expected in MATRIX for persona in PERSONAS]
+CASE_IDS = [f"{method} {path} as {persona}" for _kind, method, path, _body, persona, _expected in CASES]
+
+
+@dataclass
+class World:
+    values: dict[str, str]
+    users: dict[str, User | None]
+    tokens: dict[str, str]
+    revoked_token: str
+
+    def fill(self, text: str) -> str:
+        for key, value in self.values.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+
+def build_world() -> World:
+    tool_definitions_seed()
+    factories.ensure_roles()
+    same, other = factories.team("same"), factories.team("other")
+    agent = factories.agent_profile(team=same)
+    owner = factories.user(groups=["operators"], teams=["same"])
+    users: dict[str, User | None] = {
+        "anonymous": None,
+        "op_same": factories.user(groups=["operators"], teams=["same"]),
+        "op_other": factories.user(groups=["operators"], teams=["other"]),
+        "rev_same": factories.user(groups=["reviewers"], teams=["same"]),
+        "rev_other": factories.user(groups=["reviewers"], teams=["other"]),
+        "author_both": factories.user(groups=["operators", "reviewers"], teams=["same"]),
+        "admin": factories.user(groups=["admins"], teams=[], is_staff=True, is_superuser=True),
+        "revoked_token": factories.user(groups=["operators", "reviewers"], teams=["same"]),
+    }
+    factories.agent_profile(team=other)
+    busy = factories.session(agent=agent, owner=owner)
+    turn = session_services.turn_create(session_id=busy.id, input="clean up", actor=users["author_both"])
+    step = factories.step(turn, tool_name="run_command", call_id="call_cmd", arguments={"command": "ls"},
+                          approval_mode="mutating")
+    approval = approval_services.approval_request_create(step_id=step.id)
+    grant = ApprovalGrant.objects.create(session=busy, tool_name="write_file", arguments_sha256="0" * 64, turn=turn)
+    folder = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(busy.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report").write_text("report\n")
+    artifact = Artifact.objects.create(session=busy, turn=turn, path="outputs/r.txt", size=7, sha256="a" * 64,
+                                       storage_path=str(folder / "report"), content_type="text/plain")
+    idle = factories.session(agent=agent, owner=owner)
+    client_session = factories.session(agent=agent, owner=owner)
+    client_turn = session_services.turn_create(session_id=client_session.id, input="ask the client")
+    client_step = factories.step(client_turn, tool_name="lookup_customer", call_id="call_client")
+    step_transition(step_id=client_step.id, to=Step.Status.RUNNING)
+    tokens = {name: api_token(user) for name, user in users.items() if user is not None}
+    ApiToken.objects.filter(user=users["revoked_token"]).update(revoked_at=timezone.now())
+    return World(values={"agent": agent.slug, "busy": str(busy.id), "idle": str(idle.id), "turn": str(turn.id),
+                         "client": str(client_session.id), "artifact": str(artifact.id),
+                         "request": str(approval.request_id), "sha": approval.arguments_sha256,
+                         "grant": str(grant.pk)},
+                 users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
+
+
+def _http_client(world: World, kind: str, persona: str) -> Client:
+    if persona == "anonymous":
+        return Client()
+    if persona == "revoked_token":
+        return Client(headers={"Authorization": f"Bearer {world.revoked_token}"})
+    if kind == "api":
+        return Client(headers={"Authorization": f"Bearer {world.tokens[persona]}"})
+    client = Client()
+    client.force_login(world.users[persona])  # type: ignore[arg-type]
+    return client
+
+
+def test_matrix_covers_every_route_and_prints_its_size() -> None:
+    from agentops.api import api
+
+    declared_api = {(method, path.split("?")[0]) for kind, method, path, _b, _e in MATRIX if kind == "api"}
+    schema = api.get_openapi_schema()
+    operations = {(method.upper(), "/api" + path if not path.startswith("/api") else path)
+                  for path, item in schema["paths"].items() for method in item}
+    normalise = {(m, p.replace("{busy}", "{session_id}").replace("{idle}", "{session_id}")
+                  .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
+                  .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
+                  .replace("{grant}", "{grant_id}")) for m, p in declared_api}
+    assert operations == normalise, operations ^ normalise
+
+    patterns = get_resolver().url_patterns
+    pages = {str(p.pattern) for p in patterns if isinstance(p, URLResolver | URLPattern)} - UNSCOPED_PAGES
+    declared_pages = {path.lstrip("/").replace("{busy}", "<uuid:session_id>").replace("{idle}", "<uuid:session_id>")
+                      .replace("{artifact}", "<uuid:artifact_id>").replace("{request}", "<uuid:request_id>")
+                      .replace("{grant}", "<int:grant_id>")
+                      for kind, _m, path, _b, _e in MATRIX if kind == "page"}
+    assert pages == declared_pages, pages ^ declared_pages
+    from agentops.routing import websocket_urlpatterns
+
+    sockets = {str(p.pattern) for p in websocket_urlpatterns}
+    declared_sockets = {path.lstrip("/").replace("{busy}", "<uuid:session_id>")
+                        for kind, _m, path, _b, _e in MATRIX if kind == "ws"}
+    assert sockets == declared_sockets
+    print(f"\nauthorization matrix: {len(MATRIX)} routes x {len(PERSONAS)} callers = {len(CASES)} cases")
+    assert len(CASES) == len(MATRIX) * len(PERSONAS)
+
+
+HTTP_CASES = [(c, i) for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] != "ws"]
+WS_CASES = [(c, i) for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] == "ws"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kind", "method", "path", "body", "persona", "expected"), [c for c, _ in HTTP_CASES],
+                         ids=[i for _, i in HTTP_CASES])
+def test_http_authorization(kind: str, method: str, path: str, body: dict[str, Any] | None, persona: str,
+                            expected: int) -> None:
+    world = build_world()
+    client = _http_client(world, kind, persona)
+    url = world.fill(path)
+    data = {k: world.fill(v) if isinstance(v, str) else v for k, v in (body or {}).items()}
+    if method == "GET":
+        response = client.get(url)
+    elif kind == "api":
+        response = client.post(url, json.dumps(data), content_type="application/json")
+    else:
+        response = client.post(url, data)
+    if hasattr(response, "streaming_content") and response.status_code == 200:
+        response.close()
+    assert response.status_code == expected, getattr(response, "content", b"")[:300]
+    if expected in (401, 403, 404) and kind == "api":
+        assert set(response.json()) == {"code", "message", "details"}
+    if expected in (401, 403, 404, 302) and method == "POST" and not (kind == "page" and expected == 302
+                                                                       and persona not in ("anonymous",
+                                                                                           "revoked_token")):
+        _assert_nothing_changed(world)
+
+
+def _assert_nothing_changed(world: World) -> None:
+    """A refused write changed nothing."""
+    assert AgentSession.objects.count() == 3
+    assert Turn.objects.filter(session_id=uuid.UUID(world.values["idle"])).count() == 0
+    assert ApprovalRequest.objects.get(request_id=world.values["request"]).status == "pending"
+    assert ApprovalGrant.objects.get(pk=world.values["grant"]).revoked_at is None
+    assert Step.objects.get(call_id="call_client").status == "running"
+    assert Turn.objects.get(pk=world.values["turn"]).status != "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("close_thread_connections")
+@pytest.mark.parametrize(("kind", "method", "path", "body", "persona", "expected"), [c for c, _ in WS_CASES],
+                         ids=[i for _, i in WS_CASES])
+async def test_websocket_authorization(kind: str, method: str, path: str, body: Any, persona: str,
+                                       expected: int) -> None:
+    from agentops.asgi import application
+
+    world = await database_sync_to_async(build_world)()
+    headers = [(b"origin", b"http://testserver")]
+    user = world.users[persona]
+    if user is not None and persona != "revoked_token":
+        client = Client()
+        await database_sync_to_async(client.force_login)(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    comm = WebsocketCommunicator(application, world.fill(path), headers=headers)
+    connected, code = await comm.connect()
+    assert (101 if connected else code) == expected
+    await comm.disconnect()
+
+
+def test_case_ids_are_unique() -> None:
+    assert len(set(CASE_IDS)) == len(CASE_IDS)
