@@ -135,6 +135,7 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.turn_advance_task": {"queue": "engine"},
     "sessions_app.tasks.tool_run_task": {"queue": "sandbox"},
     "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
+    "sessions_app.tasks.turn_kick_task": {"queue": "engine"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
@@ -165,6 +166,12 @@ AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
+# The sweeper's kicks of quiet turns (a wake-up lost in a Redis blip): only turns with nothing in
+# flight and no event for this long, at most this many per sweep, none while the engine queue is
+# this deep (a saturated box is busy, not stuck), and one kick in the queue per turn at a time.
+AGENTOPS_KICK_QUIET_SECONDS = env.float("AGENTOPS_KICK_QUIET_SECONDS", default=30.0)
+AGENTOPS_KICK_MAX_PER_SWEEP = env.int("AGENTOPS_KICK_MAX_PER_SWEEP", default=100)
+AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.
 AGENTOPS_MODEL_TIMEOUT_SECONDS = env.float("AGENTOPS_MODEL_TIMEOUT_SECONDS", default=120.0)
 AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")

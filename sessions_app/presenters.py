@@ -7,6 +7,7 @@ approvals pages build the same view models, so a live update renders exactly wha
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from approvals_app.models import ApprovalRequest
@@ -149,11 +150,47 @@ def sidebar_context(session: AgentSession, *, can_operate: bool, live: bool = Fa
 
 
 @dataclass
+class StuckRow:
+    """A session that waits and has been quiet: how long, and on what."""
+
+    session: AgentSession
+    age: timedelta
+    reason: str
+
+    @property
+    def age_text(self) -> str:
+        minutes = int(self.age.total_seconds() // 60)
+        return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def stuck_reason(session: AgentSession, step: Step | None) -> str:
+    """Why a waiting session does not move, in the operator's words."""
+    tool = f" {step.tool_name}" if step is not None and step.tool_name else ""
+    if step is not None and step.status == Step.Status.IN_DOUBT:
+        return f"in doubt after a crash:{tool} waits for a reviewer's recovery decision"
+    if session.status == AgentSession.Status.AWAITING_APPROVAL:
+        return f"waiting for a reviewer to decide{tool}"
+    if session.status == AgentSession.Status.REQUIRES_ACTION:
+        return f"waiting for the client's output of{tool} (fails after the tool's timeout)"
+    if step is not None and step.status == Step.Status.RUNNING:
+        what = "model call" if step.kind == Step.Kind.MODEL else f"command{tool}"
+        return f"{what} running"
+    if step is not None:
+        return f"{step.kind}{tool} {step.status}, not picked up yet (the sweeper re-drives it)"
+    return "no step in flight (the sweeper re-drives it)"
+
+
+def stuck_rows(sessions: Sequence[AgentSession], steps: Mapping[Any, Step], *, now: datetime) -> list[StuckRow]:
+    return [StuckRow(session=s, age=now - (s.last_event_at or s.created_at), reason=stuck_reason(s, steps.get(s.id)))
+            for s in sessions]
+
+
+@dataclass
 class Overview:
     counts: dict[str, int]
     pending_approvals: int
     oldest_pending: ApprovalRequest | None
-    stuck: list[AgentSession]
+    stuck: list[StuckRow]
     recent: list[AgentSession]
     stuck_minutes: int
 

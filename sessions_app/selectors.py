@@ -94,11 +94,31 @@ def session_status_counts() -> dict[str, int]:
     return counts
 
 
+WAITING_STATUSES = (AgentSession.Status.IN_PROGRESS, AgentSession.Status.AWAITING_APPROVAL,
+                    AgentSession.Status.REQUIRES_ACTION)
+
+
 def sessions_stuck(*, now: datetime, quiet_for: timedelta, limit: int = 10) -> list[AgentSession]:
-    """Sessions in progress with no event for ``quiet_for``, the quietest first."""
-    return list(AgentSession.objects.filter(status=AgentSession.Status.IN_PROGRESS,
-                                            last_event_at__lt=now - quiet_for)
+    """Sessions with a turn in flight (running, awaiting approval, requiring action) and no event
+    for ``quiet_for``, the quietest first."""
+    return list(AgentSession.objects.filter(status__in=WAITING_STATUSES, last_event_at__lt=now - quiet_for)
                 .select_related("agent").order_by("last_event_at")[:limit])
+
+
+def steps_blocking(session_ids: list[Any]) -> dict[Any, Step]:
+    """Per session, the newest step its active turn waits on (in flight, approved or planned).
+    One query; none for no sessions."""
+    if not session_ids:
+        return {}
+    rows = (Step.objects.filter(session_id__in=session_ids, turn__status__in=Turn.ACTIVE,
+                                status__in=[Step.Status.RUNNING, Step.Status.AWAITING_APPROVAL,
+                                            Step.Status.IN_DOUBT, Step.Status.APPROVED, Step.Status.PLANNED])
+            .only("id", "session_id", "kind", "tool_name", "status", "lease_expires_at", "started_at", "created_at")
+            .order_by("session_id", "-index"))
+    found: dict[Any, Step] = {}
+    for step in rows:
+        found.setdefault(step.session_id, step)
+    return found
 
 
 def sessions_recent(*, limit: int = 8) -> list[AgentSession]:

@@ -5,6 +5,7 @@ The engine never imports this module: it enqueues by task name through ``agentop
 
 from celery import shared_task
 
+from agentops import dispatch
 from sessions_app.engine import recovery, tick, tool_steps
 from sessions_app.selectors import turn_id_of_step
 
@@ -21,6 +22,13 @@ def tool_run_task(step_id: str) -> None:
     if turn_id is not None:
         tool_steps.tool_step_run(step_id)
         tick.turn_advance(turn_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def turn_kick_task(turn_id: str) -> None:
+    """The sweeper's wake-up of a quiet turn: the turn may be kicked again once this one ran."""
+    dispatch.turn_kick_taken(turn_id)
+    tick.turn_advance(turn_id)
 
 
 @shared_task(acks_late=True, ignore_result=True)

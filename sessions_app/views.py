@@ -40,10 +40,12 @@ ARTIFACTS_LIMIT = 100
 def overview_view(request: AuthedRequest) -> HttpResponse:
     pending, oldest = approval_selectors.pending_summary()
     quiet_for = timedelta(minutes=STUCK_AFTER_MINUTES)
+    now = timezone.now()
+    stuck = selectors.sessions_stuck(now=now, quiet_for=quiet_for)
+    rows = presenters.stuck_rows(stuck, selectors.steps_blocking([s.id for s in stuck]), now=now)
     ov = presenters.Overview(counts=selectors.session_status_counts(), pending_approvals=pending,
-                             oldest_pending=oldest, stuck=selectors.sessions_stuck(now=timezone.now(),
-                                                                                 quiet_for=quiet_for),
-                             recent=selectors.sessions_recent(), stuck_minutes=STUCK_AFTER_MINUTES)
+                             oldest_pending=oldest, stuck=rows, recent=selectors.sessions_recent(),
+                             stuck_minutes=STUCK_AFTER_MINUTES)
     return render(request, "dashboard/overview.html", {"nav": "overview", "ov": ov})
 
 

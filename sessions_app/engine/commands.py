@@ -78,7 +78,8 @@ def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any
               "error_code": "" if success else "client_error"}
     if step.status in (Step.Status.COMPLETED, Step.Status.FAILED):
         if step.result == result:
-            return step  # the same output posted again changes nothing
+            dispatch.tick_enqueue(step.turn_id)  # a replay changes nothing but re-wakes a turn whose wake-up was lost
+            return step
         raise Conflict("This tool call already has an output.", code="already_submitted")
     if step.status != Step.Status.RUNNING or step.lease_expires_at is not None:
         # Only a client tool waits here: a leased step is a command a worker runs.
