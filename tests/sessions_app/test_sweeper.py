@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 from django.contrib.auth.models import User
@@ -106,6 +107,7 @@ def test_sweeper_fails_a_client_call_that_never_gets_an_answer(
     turn = finished(turn, timeout=60)
     step = Step.objects.get(turn=turn, tool_name="lookup_customer")
     assert step.status == "failed" and step.error_code == "client_timeout"
+    assert step.finished_at is not None and step.started_at is not None
     assert (step.finished_at - step.started_at).total_seconds() >= 2
     assert turn.status == "completed" and "did not submit an output" in turn.output_text
     failed = Event.objects.get(step_id=step.id, type="tool.failed")
@@ -124,7 +126,7 @@ def _quiet_turn(status: str = "running", *, quiet_seconds: int = 120) -> Turn:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("_empty_engine_queue")
-def test_sweep_kicks_quiet_turns_bounded_and_deduplicated(settings: pytest.FixtureRequest) -> None:
+def test_sweep_kicks_quiet_turns_bounded_and_deduplicated(settings: Any) -> None:
     settings.AGENTOPS_KICK_QUIET_SECONDS = 30
     settings.AGENTOPS_KICK_MAX_PER_SWEEP = 4
     settings.AGENTOPS_KICK_QUEUE_LIMIT = 1000
@@ -147,7 +149,8 @@ def test_sweep_kicks_quiet_turns_bounded_and_deduplicated(settings: pytest.Fixtu
     second = recovery.sweep()  # the first four are still queued: three others go
     assert second["turns_kicked"] == 3 and client.llen(dispatch.ENGINE_QUEUE) == 7
     assert recovery.sweep()["turns_kicked"] == 0  # every candidate has a kick queued already
-    kicked = {json.loads(raw)["headers"]["argsrepr"] for raw in client.lrange(dispatch.ENGINE_QUEUE, 0, -1)}
+    queued = cast(list[bytes], client.lrange(dispatch.ENGINE_QUEUE, 0, -1))
+    kicked = {json.loads(raw)["headers"]["argsrepr"] for raw in queued}
     expected = {repr([str(t.id)]) for t in [*quiet, lost_decision]}
     assert kicked == expected
     for other in (recent, working, waiting):
@@ -159,7 +162,7 @@ def test_sweep_kicks_quiet_turns_bounded_and_deduplicated(settings: pytest.Fixtu
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("_empty_engine_queue")
-def test_sweep_kicks_nothing_while_the_engine_backlog_is_deep(settings: pytest.FixtureRequest) -> None:
+def test_sweep_kicks_nothing_while_the_engine_backlog_is_deep(settings: Any) -> None:
     settings.AGENTOPS_KICK_QUEUE_LIMIT = 5
     for _ in range(3):
         _quiet_turn()
