@@ -121,6 +121,7 @@ class Bar:
     label: str
     used: float
     limit: float | None
+    field: str = ""  # the session's budget field (the budget form's input)
 
     @property
     def percent(self) -> int:
@@ -135,10 +136,10 @@ class Bar:
 
 def usage_bars(session: AgentSession) -> list[Bar]:
     return [
-        Bar("Tool calls", session.tool_calls, session.max_tool_calls),
-        Bar("Model calls", session.model_calls, session.max_model_calls),
-        Bar("Tokens", session.total_tokens, session.max_tokens),
-        Bar("Wall seconds", round(session.wall_seconds), session.max_wall_seconds),
+        Bar("Tool calls", session.tool_calls, session.max_tool_calls, "max_tool_calls"),
+        Bar("Model calls", session.model_calls, session.max_model_calls, "max_model_calls"),
+        Bar("Tokens", session.total_tokens, session.max_tokens, "max_tokens"),
+        Bar("Wall seconds", round(session.wall_seconds), session.max_wall_seconds, "max_wall_seconds"),
     ]
 
 

@@ -25,9 +25,10 @@ from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
 from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.downloads import artifact_response
-from sessions_app.engine.commands import session_cancel, session_start, turn_submit
-from sessions_app.forms import SessionStartForm
+from sessions_app.engine.commands import session_cancel, session_start, turn_retry, turn_submit
+from sessions_app.forms import BudgetRaiseForm, SessionStartForm
 from sessions_app.models import AgentSession
+from sessions_app.services import session_budget_raise
 
 STUCK_AFTER_MINUTES = 10
 TURNS_PER_PAGE = 5
@@ -172,6 +173,39 @@ def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
         messages.error(request, exc.message)
     else:
         messages.success(request, "The running turn was cancelled.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def turn_retry_view(request: HtmxHttpRequest, session_id: UUID, turn_id: UUID) -> HttpResponse:
+    try:
+        turn = selectors.turn_get(turn_id)
+        if turn.session_id != session_id:
+            raise NotFound(f"No turn {turn_id} in this session")
+        turn_retry(turn_id=turn.id, actor=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "The turn runs again.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_budget_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    form = BudgetRaiseForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Budgets are whole numbers, 0 or more.")
+        return _back_to_session(request, session_id)
+    try:
+        session_budget_raise(session_id=session_id, actor=request.user, budget=form.budget())
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Budget updated.")
     return _back_to_session(request, session_id)
 
 
