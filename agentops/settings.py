@@ -169,6 +169,11 @@ AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # The sweeper's kicks of quiet turns (a wake-up lost in a Redis blip): only turns with nothing in
 # flight and no event for this long, at most this many per sweep, none while the engine queue is
 # this deep (a saturated box is busy, not stuck), and one kick in the queue per turn at a time.
+# A running command's live output (tool.progress events): at most one batch per interval, the
+# text capped per step (the full capped output stays in the result), and at most so many batches.
+AGENTOPS_PROGRESS_INTERVAL_SECONDS = env.float("AGENTOPS_PROGRESS_INTERVAL_SECONDS", default=0.5)
+AGENTOPS_PROGRESS_MAX_BYTES = env.int("AGENTOPS_PROGRESS_MAX_BYTES", default=64 * 1024)
+AGENTOPS_PROGRESS_MAX_EVENTS = env.int("AGENTOPS_PROGRESS_MAX_EVENTS", default=500)
 AGENTOPS_KICK_QUIET_SECONDS = env.float("AGENTOPS_KICK_QUIET_SECONDS", default=30.0)
 AGENTOPS_KICK_MAX_PER_SWEEP = env.int("AGENTOPS_KICK_MAX_PER_SWEEP", default=100)
 AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)

@@ -31,6 +31,7 @@ class StepView:
     approval: ApprovalRequest | None = None
     stream_text: str = ""
     stream_seq: int = 0
+    progress: dict[str, Any] | None = None  # a running command's last structured progress
     seq: int = 0  # the newest event this card reflects; the client refuses to go back in time
 
     @property
@@ -197,12 +198,16 @@ class Overview:
 
 
 def step_views(steps: Sequence[Step], *, approvals: Mapping[Any, ApprovalRequest],
-               streams: Mapping[Any, tuple[str, int]] | None = None, seq: int = 0) -> list[StepView]:
-    """Step cards from the steps, each step's latest approval and, for running model calls, the
-    text streamed so far (``selectors.streamed_texts``)."""
+               streams: Mapping[Any, tuple[Any, ...]] | None = None, seq: int = 0) -> list[StepView]:
+    """Step cards from the steps, each step's latest approval and, for running steps, what they
+    streamed so far (``selectors.streamed_texts``: text, seq and a command's progress)."""
     streams = streams or {}
-    return [StepView(step=s, approval=approvals.get(s.id), stream_text=streams.get(s.id, ("", 0))[0],
-                     stream_seq=streams.get(s.id, ("", 0))[1], seq=seq) for s in steps]
+    views = []
+    for s in steps:
+        text, stream_seq, progress = (tuple(streams[s.id]) + (None,))[:3] if s.id in streams else ("", 0, None)
+        views.append(StepView(step=s, approval=approvals.get(s.id), stream_text=text, stream_seq=stream_seq,
+                              progress=progress, seq=seq))
+    return views
 
 
 def turn_views(turns: Sequence[Turn], steps: Sequence[StepView], *, seq: int = 0) -> list[TurnView]:

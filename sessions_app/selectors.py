@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -188,21 +188,43 @@ def steps_by_id(step_ids: Iterable[Any]) -> list[Step]:
     return list(Step.objects.filter(pk__in=keys)) if keys else []
 
 
-def streamed_texts(session_id: Any, step_ids: Iterable[Any]) -> dict[Any, tuple[str, int]]:
-    """For running model steps: the text streamed so far (their ``model.delta`` events) and the
-    seq of the last delta, by step id. One query (none for no steps)."""
+class Streamed(NamedTuple):
+    """What a running step has streamed so far: text, the seq of its last event, and (a command)
+    its last structured progress."""
+
+    text: str
+    seq: int
+    progress: dict[str, Any] | None = None
+
+
+STREAM_TYPES = ("model.delta", "tool.progress")
+
+
+def streamed_texts(session_id: Any, step_ids: Iterable[Any]) -> dict[Any, Streamed]:
+    """For running steps: the text streamed so far (a model call's ``model.delta`` events, a
+    command's ``tool.progress`` output) and the seq of the last one, by step id. One query (none
+    for no steps)."""
     keys = list(step_ids)
     if not keys:
         return {}
-    rows = (Event.objects.filter(session_id=session_id, step_id__in=keys, type="model.delta",
+    rows = (Event.objects.filter(session_id=session_id, step_id__in=keys, type__in=STREAM_TYPES,
                                  step__status=Step.Status.RUNNING)
-            .order_by("seq").values_list("step_id", "seq", "payload"))
+            .order_by("seq").values_list("step_id", "seq", "type", "payload"))
     texts: dict[Any, list[str]] = {}
     last_seq: dict[Any, int] = {}
-    for step_id, seq, payload in rows:
-        texts.setdefault(step_id, []).append(str((payload or {}).get("text", "")))
+    progress: dict[Any, dict[str, Any]] = {}
+    for step_id, seq, type_, payload in rows:
+        payload = payload or {}
+        parts = texts.setdefault(step_id, [])
+        if type_ == "model.delta":
+            parts.append(str(payload.get("text", "")))
+        else:
+            parts.append(str(payload.get("stdout", "")) + str(payload.get("stderr", "")))
+            if isinstance(payload.get("progress"), dict):
+                progress[step_id] = payload["progress"]
         last_seq[step_id] = seq
-    return {step_id: ("".join(parts), last_seq[step_id]) for step_id, parts in texts.items()}
+    return {step_id: Streamed("".join(parts), last_seq[step_id], progress.get(step_id))
+            for step_id, parts in texts.items()}
 
 
 def turn_id_of_step(step_id: Any) -> uuid.UUID | None:
