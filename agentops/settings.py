@@ -136,10 +136,13 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.tool_run_task": {"queue": "sandbox"},
     "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
     "sessions_app.tasks.turn_kick_task": {"queue": "engine"},
+    "sessions_app.tasks.retention_sweep_task": {"queue": "engine"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
                        "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
+    "retention-sweep": {"task": "sessions_app.tasks.retention_sweep_task",
+                        "schedule": env.float("AGENTOPS_RETENTION_SWEEP_SECONDS", default=3600.0)},
 }
 
 # agentops
@@ -174,6 +177,12 @@ AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 AGENTOPS_PROGRESS_INTERVAL_SECONDS = env.float("AGENTOPS_PROGRESS_INTERVAL_SECONDS", default=0.5)
 AGENTOPS_PROGRESS_MAX_BYTES = env.int("AGENTOPS_PROGRESS_MAX_BYTES", default=64 * 1024)
 AGENTOPS_PROGRESS_MAX_EVENTS = env.int("AGENTOPS_PROGRESS_MAX_EVENTS", default=500)
+# Retention: the workspace of a session with no turn running and no event for this long is
+# removed (its artifacts are stored apart and stay); API idempotency records expire after
+# AGENTOPS_IDEMPOTENCY_TTL_HOURS. 0 keeps them forever. Celery beat runs it every
+# AGENTOPS_RETENTION_SWEEP_SECONDS; ``manage.py retention_sweep`` runs it by hand.
+AGENTOPS_WORKSPACE_TTL_HOURS = env.float("AGENTOPS_WORKSPACE_TTL_HOURS", default=7 * 24)
+AGENTOPS_IDEMPOTENCY_TTL_HOURS = env.float("AGENTOPS_IDEMPOTENCY_TTL_HOURS", default=24)
 AGENTOPS_KICK_QUIET_SECONDS = env.float("AGENTOPS_KICK_QUIET_SECONDS", default=30.0)
 AGENTOPS_KICK_MAX_PER_SWEEP = env.int("AGENTOPS_KICK_MAX_PER_SWEEP", default=100)
 AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)

@@ -6,6 +6,7 @@ The engine never imports this module: it enqueues by task name through ``agentop
 from celery import shared_task
 
 from agentops import dispatch
+from sessions_app import retention
 from sessions_app.engine import recovery, tick, tool_steps
 from sessions_app.selectors import turn_id_of_step
 
@@ -34,3 +35,9 @@ def turn_kick_task(turn_id: str) -> None:
 @shared_task(acks_late=True, ignore_result=True)
 def recovery_sweep_task() -> None:
     recovery.sweep()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def retention_sweep_task() -> None:
+    """Celery beat, every AGENTOPS_RETENTION_SWEEP_SECONDS: stale workspaces, old idempotency records."""
+    retention.retention_sweep()

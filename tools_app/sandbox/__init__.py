@@ -14,7 +14,9 @@ from .workspace import (
     sandbox_ids,
     workspace_file_sha256,
     workspace_for,
+    workspace_purge,
     workspace_relpath,
+    workspace_retire,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "workspace_file_sha256",
     "workspace_for",
     "workspace_manifest",
+    "workspace_purge",
     "workspace_relpath",
+    "workspace_retire",
 ]
