@@ -64,7 +64,7 @@ def test_retention_removes_a_stale_workspace_and_its_artifacts_stay_downloadable
     assert event.payload == {"reason": "retention", "ttl_hours": 24}
     response = _download(operator, artifact)
     assert response.status_code == 200
-    body = b"".join(response.streaming_content)  # type: ignore[attr-defined]
+    body = b"".join(response.streaming_content)
     assert body == b"quarterly report\n" and hashlib.sha256(body).hexdigest() == artifact.sha256
     assert retention_sweep(now=later)["workspaces_removed"] == 0  # nothing left to remove
 
