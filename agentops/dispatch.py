@@ -11,10 +11,13 @@ never acknowledged is claimed again by another (XAUTOCLAIM). Delivery is at leas
 claim in the database makes a second delivery do nothing.
 """
 
+import contextlib
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable
+from typing import Any, cast
 
 import redis
 from django.conf import settings
@@ -27,6 +30,11 @@ log = logging.getLogger(__name__)
 
 TURN_ADVANCE = "sessions_app.tasks.turn_advance_task"
 TOOL_RUN = "sessions_app.tasks.tool_run_task"
+TURN_KICK = "sessions_app.tasks.turn_kick_task"
+ENGINE_QUEUE = "engine"
+KICK_MARKER = "agentops:kick:"
+# A kick whose message was lost lets the turn be kicked again after this long.
+KICK_MARKER_SECONDS = 600
 MODEL_STREAM = "agentops:model-steps"
 MODEL_GROUP = "gateways"
 
@@ -55,9 +63,57 @@ def _on_commit(what: str, send: Callable[[], object]) -> None:
     transaction.on_commit(run)
 
 
+def _send_tick(turn_id: uuid.UUID | str) -> None:
+    if os.environ.get("AGENTOPS_FAILPOINT_DROP_TICKS"):
+        # Fault injection for the tests of the sweeper: the wake-up is lost as in a Redis blip.
+        raise redis.ConnectionError("failpoint: tick dropped")
+    app.send_task(TURN_ADVANCE, args=[str(turn_id)])
+
+
 def tick_enqueue(turn_id: uuid.UUID | str) -> None:
     """Wake the engine for a turn (Celery queue ``engine``)."""
-    _on_commit(f"tick {turn_id}", lambda: app.send_task(TURN_ADVANCE, args=[str(turn_id)]))
+    _on_commit(f"tick {turn_id}", lambda: _send_tick(turn_id))
+
+
+def engine_backlog() -> int:
+    """How much work waits: tasks in the engine queue (the Redis list kombu keeps for it) plus
+    model-stream entries the gateways have not read or not acknowledged yet."""
+    client = redis_client()
+    waiting = cast(int, client.llen(ENGINE_QUEUE))
+    try:
+        groups = cast(list[dict[Any, Any]], client.xinfo_groups(MODEL_STREAM))
+    except redis.ResponseError:  # no stream yet
+        groups = []
+    for group in groups:
+        if group.get("name") in (MODEL_GROUP, MODEL_GROUP.encode()):
+            waiting += int(group.get("lag") or 0) + int(group.get("pending") or 0)
+    return waiting
+
+
+def turn_kick_enqueue(turn_id: uuid.UUID | str) -> bool:
+    """The sweeper's wake-up of a quiet turn: sent at once (call it outside a transaction), and
+    not at all while an earlier kick of the turn is still queued (its marker is cleared by the
+    task, ``turn_kick_taken``). Returns True when a kick was sent."""
+    client = redis_client()
+    key = f"{KICK_MARKER}{turn_id}"
+    try:
+        if not client.set(key, "1", nx=True, ex=KICK_MARKER_SECONDS):
+            return False
+        app.send_task(TURN_KICK, args=[str(turn_id)])
+    except (OperationalError, redis.RedisError, OSError):
+        log.exception("could not kick turn %s; the next sweep tries again", turn_id)
+        with contextlib.suppress(redis.RedisError):
+            client.delete(key)
+        return False
+    return True
+
+
+def turn_kick_taken(turn_id: uuid.UUID | str) -> None:
+    """A kick left the queue: the turn may be kicked again."""
+    try:
+        redis_client().delete(f"{KICK_MARKER}{turn_id}")
+    except redis.RedisError:
+        log.warning("could not clear the kick marker of turn %s; it expires by itself", turn_id)
 
 
 def tool_run_enqueue(step_id: uuid.UUID | str) -> None:

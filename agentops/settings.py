@@ -135,10 +135,14 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.turn_advance_task": {"queue": "engine"},
     "sessions_app.tasks.tool_run_task": {"queue": "sandbox"},
     "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
+    "sessions_app.tasks.turn_kick_task": {"queue": "engine"},
+    "sessions_app.tasks.retention_sweep_task": {"queue": "engine"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
                        "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
+    "retention-sweep": {"task": "sessions_app.tasks.retention_sweep_task",
+                        "schedule": env.float("AGENTOPS_RETENTION_SWEEP_SECONDS", default=3600.0)},
 }
 
 # agentops
@@ -177,6 +181,23 @@ AGENTOPS_STREAM_MAX_SECONDS = env.float("AGENTOPS_STREAM_MAX_SECONDS", default=3
 AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE", default=60)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
+# The sweeper's kicks of quiet turns (a wake-up lost in a Redis blip): only turns with nothing in
+# flight and no event for this long, at most this many per sweep, none while the engine queue is
+# this deep (a saturated box is busy, not stuck), and one kick in the queue per turn at a time.
+# A running command's live output (tool.progress events): at most one batch per interval, the
+# text capped per step (the full capped output stays in the result), and at most so many batches.
+AGENTOPS_PROGRESS_INTERVAL_SECONDS = env.float("AGENTOPS_PROGRESS_INTERVAL_SECONDS", default=0.5)
+AGENTOPS_PROGRESS_MAX_BYTES = env.int("AGENTOPS_PROGRESS_MAX_BYTES", default=64 * 1024)
+AGENTOPS_PROGRESS_MAX_EVENTS = env.int("AGENTOPS_PROGRESS_MAX_EVENTS", default=500)
+# Retention: the workspace of a session with no turn running and no event for this long is
+# removed (its artifacts are stored apart and stay); API idempotency records expire after
+# AGENTOPS_IDEMPOTENCY_TTL_HOURS. 0 keeps them forever. Celery beat runs it every
+# AGENTOPS_RETENTION_SWEEP_SECONDS; ``manage.py retention_sweep`` runs it by hand.
+AGENTOPS_WORKSPACE_TTL_HOURS = env.float("AGENTOPS_WORKSPACE_TTL_HOURS", default=7 * 24)
+AGENTOPS_IDEMPOTENCY_TTL_HOURS = env.float("AGENTOPS_IDEMPOTENCY_TTL_HOURS", default=24)
+AGENTOPS_KICK_QUIET_SECONDS = env.float("AGENTOPS_KICK_QUIET_SECONDS", default=30.0)
+AGENTOPS_KICK_MAX_PER_SWEEP = env.int("AGENTOPS_KICK_MAX_PER_SWEEP", default=100)
+AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.
 AGENTOPS_MODEL_TIMEOUT_SECONDS = env.float("AGENTOPS_MODEL_TIMEOUT_SECONDS", default=120.0)
 AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")

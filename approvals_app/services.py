@@ -242,7 +242,10 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
         raise InvalidArguments(f"A {approval.kind} request takes one of {sorted(allowed)}",
                                details={"field": "decision", "allowed": sorted(allowed)})
     if approval.decision == decision and approval.status != Status.PENDING:
-        return approval  # a replay (double click) changes nothing
+        # A replay (double click, a client retrying) changes nothing, but wakes the engine again:
+        # the first decision's wake-up may have been lost (Redis down), and a tick is idempotent.
+        dispatch.tick_enqueue(approval.turn_id)
+        return approval
     if approval.status == Status.EXPIRED:
         raise Expired()
     if approval.status != Status.PENDING:

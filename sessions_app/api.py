@@ -15,13 +15,14 @@ from agentops.domain import InvalidArguments, Throttled
 from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, VIEW_TOOLS, has_perm, require_perm
-from sessions_app import selectors, streams
+from sessions_app import selectors, services, streams
 from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Turn
 from sessions_app.schemas import (
     AgentOut,
     ArtifactOut,
+    BudgetRaiseIn,
     EventPageOut,
     SessionCreatedOut,
     SessionCreateIn,
@@ -85,6 +86,24 @@ def session_cancel_api(request: AuthedRequest, session_id: str) -> dict[str, Any
     session = selectors.session_to_operate(session_id, user=request.user)
     engine.session_cancel(session_id=session.id, actor=request.user)
     return session_out(selectors.session_get(session.id, user=request.user))
+
+
+@router.post("/sessions/{session_id}/budget", response={200: SessionOut, **ERRORS})
+def session_budget_raise_api(request: AuthedRequest, session_id: str, payload: BudgetRaiseIn) -> dict[str, Any]:
+    """Raise (or lift, with null) the budgets named in the body; the others are kept."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    session = selectors.session_to_operate(session_id, user=request.user)
+    return session_out(services.session_budget_raise(session_id=session.id, actor=request.user,
+                                                     budget=payload.model_dump(exclude_unset=True)))
+
+
+@router.post("/turns/{turn_id}/retry", response={200: TurnOut, **ERRORS})
+def turn_retry_api(request: AuthedRequest, turn_id: str) -> Turn:
+    """Run a failed, retryable turn again from where it stopped."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    turn = selectors.turn_get(turn_id, user=request.user)
+    selectors.session_to_operate(turn.session_id, user=request.user)
+    return engine.turn_retry(turn_id=turn.id, actor=request.user)
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})

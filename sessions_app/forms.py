@@ -28,3 +28,15 @@ class SessionStartForm(forms.Form):
     def pinned(self) -> dict[str, Any]:
         return {name: _lines(self.cleaned_data[name]) for name in ("requirements", "prohibitions",
                                                                     "acceptance_criteria")}
+
+
+class BudgetRaiseForm(forms.Form):
+    """New limits for some budgets; a blank field keeps the current one."""
+
+    max_tool_calls = forms.IntegerField(min_value=0, required=False, label="Tool calls")
+    max_model_calls = forms.IntegerField(min_value=0, required=False, label="Model calls")
+    max_tokens = forms.IntegerField(min_value=0, required=False, label="Tokens")
+    max_wall_seconds = forms.IntegerField(min_value=0, required=False, label="Wall seconds")
+
+    def budget(self) -> dict[str, int]:
+        return {name: value for name, value in self.cleaned_data.items() if value is not None}

@@ -20,6 +20,7 @@ from sessions_app import presenters, selectors
 from sessions_app.models import Turn
 
 STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
+STREAMED = ("model.delta", "tool.progress")
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
@@ -67,7 +68,8 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
 
 
 def _is_step_event(event: dict[str, Any]) -> bool:
-    return event["type"] != "model.delta" and event["type"].startswith(STEP_PREFIXES)
+    """An event that re-renders its step's card (streamed output is appended instead)."""
+    return event["type"] not in STREAMED and event["type"].startswith(STEP_PREFIXES)
 
 
 def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
@@ -86,6 +88,14 @@ def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], tur
     ops: list[str] = []
     if etype == "model.delta" and step_id:
         ops.append(_op("append-text", f"#step-{step_id}-stream", escape(str(payload.get("text", ""))), seq=seq))
+    elif etype == "tool.progress" and step_id:
+        text = str(payload.get("stdout", "")) + str(payload.get("stderr", ""))
+        if isinstance(payload.get("progress"), dict):
+            html = render_to_string("dashboard/_progress.html",
+                                    {"step_id": step_id, "progress": payload["progress"], "seq": seq})
+            ops.append(_op("replace", f"#step-{step_id}-progress", html, seq=seq))
+        if text:
+            ops.append(_op("append-text", f"#step-{step_id}-live", escape(text), seq=seq))
     elif etype == "session.status_changed":
         html = render_to_string("dashboard/_session_status.html", {"status": payload.get("status", "")})
         ops.append(_op("replace", "#session-status", html, seq=seq))

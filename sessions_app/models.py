@@ -163,7 +163,7 @@ class Turn(StateMachine, models.Model):
         Status.AWAITING_APPROVAL: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
         Status.REQUIRES_ACTION: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
         Status.COMPLETED: frozenset(),
-        Status.FAILED: frozenset(),
+        Status.FAILED: frozenset({Status.QUEUED}),  # an operator retries a retryable failure (turn_retry)
         Status.CANCELLED: frozenset(),
     }
 

@@ -7,6 +7,7 @@ approvals pages build the same view models, so a live update renders exactly wha
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from approvals_app.models import ApprovalRequest
@@ -30,6 +31,7 @@ class StepView:
     approval: ApprovalRequest | None = None
     stream_text: str = ""
     stream_seq: int = 0
+    progress: dict[str, Any] | None = None  # a running command's last structured progress
     seq: int = 0  # the newest event this card reflects; the client refuses to go back in time
 
     @property
@@ -120,6 +122,7 @@ class Bar:
     label: str
     used: float
     limit: float | None
+    field: str = ""  # the session's budget field (the budget form's input)
 
     @property
     def percent(self) -> int:
@@ -134,10 +137,10 @@ class Bar:
 
 def usage_bars(session: AgentSession) -> list[Bar]:
     return [
-        Bar("Tool calls", session.tool_calls, session.max_tool_calls),
-        Bar("Model calls", session.model_calls, session.max_model_calls),
-        Bar("Tokens", session.total_tokens, session.max_tokens),
-        Bar("Wall seconds", round(session.wall_seconds), session.max_wall_seconds),
+        Bar("Tool calls", session.tool_calls, session.max_tool_calls, "max_tool_calls"),
+        Bar("Model calls", session.model_calls, session.max_model_calls, "max_model_calls"),
+        Bar("Tokens", session.total_tokens, session.max_tokens, "max_tokens"),
+        Bar("Wall seconds", round(session.wall_seconds), session.max_wall_seconds, "max_wall_seconds"),
     ]
 
 
@@ -149,22 +152,62 @@ def sidebar_context(session: AgentSession, *, can_operate: bool, live: bool = Fa
 
 
 @dataclass
+class StuckRow:
+    """A session that waits and has been quiet: how long, and on what."""
+
+    session: AgentSession
+    age: timedelta
+    reason: str
+
+    @property
+    def age_text(self) -> str:
+        minutes = int(self.age.total_seconds() // 60)
+        return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def stuck_reason(session: AgentSession, step: Step | None) -> str:
+    """Why a waiting session does not move, in the operator's words."""
+    tool = f" {step.tool_name}" if step is not None and step.tool_name else ""
+    if step is not None and step.status == Step.Status.IN_DOUBT:
+        return f"in doubt after a crash:{tool} waits for a reviewer's recovery decision"
+    if session.status == AgentSession.Status.AWAITING_APPROVAL:
+        return f"waiting for a reviewer to decide{tool}"
+    if session.status == AgentSession.Status.REQUIRES_ACTION:
+        return f"waiting for the client's output of{tool} (fails after the tool's timeout)"
+    if step is not None and step.status == Step.Status.RUNNING:
+        what = "model call" if step.kind == Step.Kind.MODEL else f"command{tool}"
+        return f"{what} running"
+    if step is not None:
+        return f"{step.kind}{tool} {step.status}, not picked up yet (the sweeper re-drives it)"
+    return "no step in flight (the sweeper re-drives it)"
+
+
+def stuck_rows(sessions: Sequence[AgentSession], steps: Mapping[Any, Step], *, now: datetime) -> list[StuckRow]:
+    return [StuckRow(session=s, age=now - (s.last_event_at or s.created_at), reason=stuck_reason(s, steps.get(s.id)))
+            for s in sessions]
+
+
+@dataclass
 class Overview:
     counts: dict[str, int]
     pending_approvals: int
     oldest_pending: ApprovalRequest | None
-    stuck: list[AgentSession]
+    stuck: list[StuckRow]
     recent: list[AgentSession]
     stuck_minutes: int
 
 
 def step_views(steps: Sequence[Step], *, approvals: Mapping[Any, ApprovalRequest],
-               streams: Mapping[Any, tuple[str, int]] | None = None, seq: int = 0) -> list[StepView]:
-    """Step cards from the steps, each step's latest approval and, for running model calls, the
-    text streamed so far (``selectors.streamed_texts``)."""
+               streams: Mapping[Any, tuple[Any, ...]] | None = None, seq: int = 0) -> list[StepView]:
+    """Step cards from the steps, each step's latest approval and, for running steps, what they
+    streamed so far (``selectors.streamed_texts``: text, seq and a command's progress)."""
     streams = streams or {}
-    return [StepView(step=s, approval=approvals.get(s.id), stream_text=streams.get(s.id, ("", 0))[0],
-                     stream_seq=streams.get(s.id, ("", 0))[1], seq=seq) for s in steps]
+    views = []
+    for s in steps:
+        text, stream_seq, progress = (tuple(streams[s.id]) + (None,))[:3] if s.id in streams else ("", 0, None)
+        views.append(StepView(step=s, approval=approvals.get(s.id), stream_text=text, stream_seq=stream_seq,
+                              progress=progress, seq=seq))
+    return views
 
 
 def turn_views(turns: Sequence[Turn], steps: Sequence[StepView], *, seq: int = 0) -> list[TurnView]:

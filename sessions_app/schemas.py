@@ -3,6 +3,7 @@ from typing import Any
 from uuid import UUID
 
 from ninja import Field, Schema
+from pydantic import ConfigDict
 
 
 class SessionCreateIn(Schema):
@@ -16,6 +17,16 @@ class SessionCreateIn(Schema):
 
 class TurnCreateIn(Schema):
     input: str = Field(..., min_length=1, max_length=200_000)
+
+
+class BudgetRaiseIn(Schema):
+    """The budgets to raise; a field left out is kept, null lifts the limit, another name is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tool_calls: int | None = Field(None, ge=0)
+    max_model_calls: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=0)
+    max_wall_seconds: int | None = Field(None, ge=0)
 
 
 class ToolOutputIn(Schema):

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -106,11 +106,32 @@ def session_status_counts(*, user: Any) -> dict[str, int]:
     return counts
 
 
+WAITING_STATUSES = (AgentSession.Status.IN_PROGRESS, AgentSession.Status.AWAITING_APPROVAL,
+                    AgentSession.Status.REQUIRES_ACTION)
+
+
 def sessions_stuck(*, user: Any, now: datetime, quiet_for: timedelta, limit: int = 10) -> list[AgentSession]:
-    """Sessions in progress with no event for ``quiet_for``, the quietest first."""
-    return list(scope(AgentSession.objects.all(), user).filter(status=AgentSession.Status.IN_PROGRESS,
-                                            last_event_at__lt=now - quiet_for)
+    """Sessions of the user's teams with a turn in flight (running, awaiting approval, requiring
+    action) and no event for ``quiet_for``, the quietest first."""
+    return list(scope(AgentSession.objects.all(), user)
+                .filter(status__in=WAITING_STATUSES, last_event_at__lt=now - quiet_for)
                 .select_related("agent").order_by("last_event_at")[:limit])
+
+
+def steps_blocking(session_ids: list[Any]) -> dict[Any, Step]:
+    """Per session, the newest step its active turn waits on (in flight, approved or planned).
+    One query; none for no sessions."""
+    if not session_ids:
+        return {}
+    rows = (Step.objects.filter(session_id__in=session_ids, turn__status__in=Turn.ACTIVE,
+                                status__in=[Step.Status.RUNNING, Step.Status.AWAITING_APPROVAL,
+                                            Step.Status.IN_DOUBT, Step.Status.APPROVED, Step.Status.PLANNED])
+            .only("id", "session_id", "kind", "tool_name", "status", "lease_expires_at", "started_at", "created_at")
+            .order_by("session_id", "-index"))
+    found: dict[Any, Step] = {}
+    for step in rows:
+        found.setdefault(step.session_id, step)
+    return found
 
 
 def sessions_recent(*, user: Any, limit: int = 8) -> list[AgentSession]:
@@ -191,21 +212,43 @@ def steps_by_id(step_ids: Iterable[Any]) -> list[Step]:
     return list(Step.objects.filter(pk__in=keys)) if keys else []
 
 
-def streamed_texts(session_id: Any, step_ids: Iterable[Any]) -> dict[Any, tuple[str, int]]:
-    """For running model steps: the text streamed so far (their ``model.delta`` events) and the
-    seq of the last delta, by step id. One query (none for no steps)."""
+class Streamed(NamedTuple):
+    """What a running step has streamed so far: text, the seq of its last event, and (a command)
+    its last structured progress."""
+
+    text: str
+    seq: int
+    progress: dict[str, Any] | None = None
+
+
+STREAM_TYPES = ("model.delta", "tool.progress")
+
+
+def streamed_texts(session_id: Any, step_ids: Iterable[Any]) -> dict[Any, Streamed]:
+    """For running steps: the text streamed so far (a model call's ``model.delta`` events, a
+    command's ``tool.progress`` output) and the seq of the last one, by step id. One query (none
+    for no steps)."""
     keys = list(step_ids)
     if not keys:
         return {}
-    rows = (Event.objects.filter(session_id=session_id, step_id__in=keys, type="model.delta",
+    rows = (Event.objects.filter(session_id=session_id, step_id__in=keys, type__in=STREAM_TYPES,
                                  step__status=Step.Status.RUNNING)
-            .order_by("seq").values_list("step_id", "seq", "payload"))
+            .order_by("seq").values_list("step_id", "seq", "type", "payload"))
     texts: dict[Any, list[str]] = {}
     last_seq: dict[Any, int] = {}
-    for step_id, seq, payload in rows:
-        texts.setdefault(step_id, []).append(str((payload or {}).get("text", "")))
+    progress: dict[Any, dict[str, Any]] = {}
+    for step_id, seq, type_, payload in rows:
+        payload = payload or {}
+        parts = texts.setdefault(step_id, [])
+        if type_ == "model.delta":
+            parts.append(str(payload.get("text", "")))
+        else:
+            parts.append(str(payload.get("stdout", "")) + str(payload.get("stderr", "")))
+            if isinstance(payload.get("progress"), dict):
+                progress[step_id] = payload["progress"]
         last_seq[step_id] = seq
-    return {step_id: ("".join(parts), last_seq[step_id]) for step_id, parts in texts.items()}
+    return {step_id: Streamed("".join(parts), last_seq[step_id], progress.get(step_id))
+            for step_id, parts in texts.items()}
 
 
 def turn_id_of_step(step_id: Any) -> uuid.UUID | None:

@@ -16,11 +16,13 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agentops.domain import Conflict, InvalidArguments, NotFound, joins_transaction
+from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
@@ -224,6 +226,49 @@ def turn_create(*, session_id: uuid.UUID | str, input: str, actor: User | None =
     _session_follow(turn)
     event_record(session_id=session.id, turn_id=turn.id, type="turn.queued", payload={"index": index, "input": input})
     return turn
+
+
+class BudgetLowered(InvalidArguments):
+    """A budget may only be raised here (or lifted: null is no limit)."""
+
+    code = "budget_lowered"
+
+
+@transaction.atomic
+def session_budget_raise(*, session_id: uuid.UUID | str, actor: User, budget: Mapping[str, Any]) -> AgentSession:
+    """Raise (or lift, with None) some of a session's budgets; record ``budget.raised``.
+
+    Idempotent: the same values again change nothing and record nothing. Lowering a budget is
+    refused (422 ``budget_lowered``): a limit under what was used already would only fail the next
+    call. Needs the permission to operate sessions.
+    """
+    require_perm(actor, OPERATE_SESSIONS)
+    for name, value in budget.items():
+        if name not in BUDGET_FIELDS:
+            raise InvalidArguments(f"Unknown budget {name!r}", details={"field": name, "allowed": BUDGET_FIELDS})
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
+    try:
+        session_lock(session_id)
+        session = AgentSession.objects.select_for_update().get(pk=session_id)
+    except (AgentSession.DoesNotExist, ValueError, ValidationError) as exc:
+        raise NotFound(f"No session {session_id}") from exc
+    before = {name: getattr(session, name) for name in budget}
+    changed = {name: value for name, value in budget.items() if value != before[name]}
+    lowered = [name for name, value in changed.items() if value is not None
+               and (before[name] is None or value < before[name])]
+    if lowered:
+        raise BudgetLowered(f"A budget can only be raised here: {', '.join(lowered)}.",
+                            details={"fields": lowered, "current": {n: before[n] for n in lowered}})
+    if not changed:
+        return session  # a replay changes nothing
+    for name, value in changed.items():
+        setattr(session, name, value)
+    session.save(update_fields=[*changed, "updated_at"])
+    event_record(session_id=session.id, type="budget.raised",
+                 payload={"before": {n: before[n] for n in changed}, "after": changed,
+                          "by": actor.get_username()})
+    return session
 
 
 # --- steps -------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ The engine never imports this module: it enqueues by task name through ``agentop
 
 from celery import shared_task
 
+from agentops import dispatch
+from sessions_app import retention
 from sessions_app.engine import recovery, tick, tool_steps
 from sessions_app.selectors import turn_id_of_step
 
@@ -24,5 +26,18 @@ def tool_run_task(step_id: str) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def turn_kick_task(turn_id: str) -> None:
+    """The sweeper's wake-up of a quiet turn: the turn may be kicked again once this one ran."""
+    dispatch.turn_kick_taken(turn_id)
+    tick.turn_advance(turn_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def recovery_sweep_task() -> None:
     recovery.sweep()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def retention_sweep_task() -> None:
+    """Celery beat, every AGENTOPS_RETENTION_SWEEP_SECONDS: stale workspaces, old idempotency records."""
+    retention.retention_sweep()

@@ -27,9 +27,10 @@ from agentops.teams import REVIEW_ROLES, has_team_role
 from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.downloads import artifact_response
-from sessions_app.engine.commands import session_cancel, session_start, turn_submit
-from sessions_app.forms import SessionStartForm
+from sessions_app.engine.commands import session_cancel, session_start, turn_retry, turn_submit
+from sessions_app.forms import BudgetRaiseForm, SessionStartForm
 from sessions_app.models import AgentSession
+from sessions_app.services import session_budget_raise
 
 STUCK_AFTER_MINUTES = 10
 TURNS_PER_PAGE = 5
@@ -43,10 +44,12 @@ def overview_view(request: AuthedRequest) -> HttpResponse:
     pending, oldest = approval_selectors.pending_summary(user=request.user)
     quiet_for = timedelta(minutes=STUCK_AFTER_MINUTES)
     user = request.user
+    now = timezone.now()
+    stuck = selectors.sessions_stuck(user=user, now=now, quiet_for=quiet_for)
+    rows = presenters.stuck_rows(stuck, selectors.steps_blocking([s.id for s in stuck]), now=now)
     ov = presenters.Overview(counts=selectors.session_status_counts(user=user), pending_approvals=pending,
-                             oldest_pending=oldest,
-                             stuck=selectors.sessions_stuck(user=user, now=timezone.now(), quiet_for=quiet_for),
-                             recent=selectors.sessions_recent(user=user), stuck_minutes=STUCK_AFTER_MINUTES)
+                             oldest_pending=oldest, stuck=rows, recent=selectors.sessions_recent(user=user),
+                             stuck_minutes=STUCK_AFTER_MINUTES)
     return render(request, "dashboard/overview.html", {"nav": "overview", "ov": ov})
 
 
@@ -188,6 +191,41 @@ def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
         messages.error(request, exc.message)
     else:
         messages.success(request, "The running turn was cancelled.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def turn_retry_view(request: HtmxHttpRequest, session_id: UUID, turn_id: UUID) -> HttpResponse:
+    _session_to_operate(request, session_id)
+    try:
+        turn = selectors.turn_get(turn_id, user=request.user)
+        if turn.session_id != session_id:
+            raise NotFound(f"No turn {turn_id} in this session")
+        turn_retry(turn_id=turn.id, actor=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "The turn runs again.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_budget_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    _session_to_operate(request, session_id)
+    form = BudgetRaiseForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Budgets are whole numbers, 0 or more.")
+        return _back_to_session(request, session_id)
+    try:
+        session_budget_raise(session_id=session_id, actor=request.user, budget=form.budget())
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Budget updated.")
     return _back_to_session(request, session_id)
 
 

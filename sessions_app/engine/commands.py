@@ -5,15 +5,24 @@ import uuid
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound
+from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app.engine.turns import turn_cancel
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import session_create, session_create_with_turn, step_transition, turn_create
+from sessions_app.services import (
+    TurnActive,
+    session_create,
+    session_create_with_turn,
+    step_transition,
+    turn_create,
+    turn_transition,
+)
 
 MAX_TOOL_OUTPUT_CHARS = 1_000_000
 
@@ -40,6 +49,53 @@ def turn_submit(*, session_id: uuid.UUID | str, input: str, actor: User | None =
     """Queue the next input of a session (409 ``turn_active`` while a turn runs)."""
     turn = turn_create(session_id=session_id, input=input, actor=actor, idempotency_key=idempotency_key)
     dispatch.turn_start_enqueue(turn.id)
+    return turn
+
+
+class NotRetryable(Conflict):
+    """Only the session's latest turn, failed with a retryable error, can be retried."""
+
+    code = "not_retryable"
+
+
+@transaction.atomic
+def turn_retry(*, turn_id: uuid.UUID | str, actor: User) -> Turn:
+    """Run a failed, retryable turn again from where it stopped (its steps are kept: the engine's
+    next action is a fresh model call). Records ``turn.retried``; the engine starts after commit.
+
+    Idempotent: a turn already retried (active again) is returned as it is, and woken again. Only
+    the session's latest turn (409 ``not_retryable`` otherwise) while no other turn is active.
+    Needs the permission to operate sessions.
+    """
+    require_perm(actor, OPERATE_SESSIONS)
+    try:
+        session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
+    except (ValueError, ValidationError) as exc:
+        raise NotFound(f"No turn {turn_id}") from exc
+    if session_id is None:
+        raise NotFound(f"No turn {turn_id}")
+    session_lock(session_id)
+    turn = Turn.objects.select_for_update().get(pk=turn_id)
+    if turn.is_active:
+        dispatch.tick_enqueue(turn.id)  # a replay: retried already
+        return turn
+    if turn.status != Turn.Status.FAILED or not turn.retryable:
+        raise NotRetryable(f"This turn is {turn.status}{' (not retryable)' if turn.status == 'failed' else ''}; "
+                           "only a failed, retryable turn can be retried.",
+                           details={"status": turn.status, "error_code": turn.error_code})
+    if Turn.objects.filter(session_id=session_id, index__gt=turn.index).exists():
+        raise NotRetryable("A later turn exists; only the latest turn can be retried.")
+    if Turn.objects.filter(session_id=session_id, status__in=Turn.ACTIVE).exists():
+        raise TurnActive("This session already has an active turn; wait for it or cancel it.")
+    failure = {"error_code": turn.error_code, "error_message": turn.error_message}
+    turn = turn_transition(turn_id=turn.id, session_id=session_id, to=Turn.Status.QUEUED, error_code="",
+                           error_message="", retryable=False, finished_at=None)
+    # Its wall time so far was added to the session's when it failed: count afresh from the retry.
+    Turn.objects.filter(pk=turn.id).update(started_at=None)
+    turn.started_at = None
+    event_record(session_id=session_id, turn_id=turn.id, type="turn.retried",
+                 payload={"index": turn.index, "by": actor.get_username(), **failure})
+    dispatch.tick_enqueue(turn.id)
     return turn
 
 
@@ -78,7 +134,8 @@ def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any
               "error_code": "" if success else "client_error"}
     if step.status in (Step.Status.COMPLETED, Step.Status.FAILED):
         if step.result == result:
-            return step  # the same output posted again changes nothing
+            dispatch.tick_enqueue(step.turn_id)  # a replay changes nothing but re-wakes a turn whose wake-up was lost
+            return step
         raise Conflict("This tool call already has an output.", code="already_submitted")
     if step.status != Step.Status.RUNNING or step.lease_expires_at is not None:
         # Only a client tool waits here: a leased step is a command a worker runs.

@@ -8,10 +8,12 @@ workspace is unchanged since the manifest taken before it started; otherwise the
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from agentops import dispatch
@@ -24,28 +26,97 @@ from sessions_app.models import Step, Turn
 from sessions_app.services import step_transition
 from tools_app.models import NetworkPolicy, ToolDefinition
 from tools_app.sandbox import workspace_changed_since
+from tools_app.selectors import tool_definitions_by_name
 
 log = logging.getLogger(__name__)
 
 MODEL_MAX_ATTEMPTS = 3
-STALE_TURN_SECONDS = 30
+# A step in one of these waits for someone (a worker under its lease, a reviewer, the integration):
+# a tick of its turn would only find it still waiting.
+IN_FLIGHT = (Step.Status.RUNNING, Step.Status.AWAITING_APPROVAL, Step.Status.IN_DOUBT)
+KICK_CANDIDATES_FACTOR = 5
 
 
 def sweep() -> dict[str, int]:
     """One pass of the sweeper (Celery beat runs it every ``AGENTOPS_SWEEP_SECONDS``)."""
-    counts = {"approvals_expired": approval_expire_due(), "steps_recovered": 0, "turns_kicked": 0}
+    counts = {"approvals_expired": approval_expire_due(), "steps_recovered": 0, "client_calls_timed_out": 0,
+              "turns_kicked": 0}
     now = timezone.now()
     for step_id in Step.objects.filter(status=Step.Status.RUNNING, lease_expires_at__lt=now).values_list(
             "pk", flat=True):
         if step_recover(step_id):
             counts["steps_recovered"] += 1
-    # A tick lost between commit and enqueue (Redis down then): poke turns that went quiet.
-    quiet = now - timedelta(seconds=STALE_TURN_SECONDS)
-    for turn_id in Turn.objects.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING],
-                                       updated_at__lt=quiet).values_list("pk", flat=True):
-        dispatch.tick_enqueue(turn_id)
-        counts["turns_kicked"] += 1
+    counts["client_calls_timed_out"] = client_calls_expire(now=now)
+    counts["turns_kicked"] = turns_kick_quiet(now=now)
     return counts
+
+
+def turns_quiet(*, now: datetime, limit: int) -> list[uuid.UUID]:
+    """Active turns that can move but have not for ``AGENTOPS_KICK_QUIET_SECONDS``: no step in
+    flight (every blocking step settled), and no event in their session since. The quietest first.
+
+    Such a turn lost its wake-up (a tick or a decision's wake-up sent while Redis was down). A turn
+    with a step in flight is left alone: the step's worker, reviewer or integration wakes it, and an
+    expired lease or a client call past its timeout is the sweeper's other work.
+    """
+    quiet = now - timedelta(seconds=settings.AGENTOPS_KICK_QUIET_SECONDS)
+    in_flight = Step.objects.filter(turn=OuterRef("pk"), status__in=IN_FLIGHT)
+    return list(Turn.objects.filter(status__in=Turn.ACTIVE, updated_at__lt=quiet)
+                .filter(Q(session__last_event_at__lt=quiet) | Q(session__last_event_at__isnull=True))
+                .filter(~Exists(in_flight)).order_by("session__last_event_at")
+                .values_list("pk", flat=True)[:limit])
+
+
+def turns_kick_quiet(*, now: datetime) -> int:
+    """Re-drive quiet turns, bounded so that an overloaded box is not flooded: none while the
+    engine's backlog is deep (busy is not stuck), at most ``AGENTOPS_KICK_MAX_PER_SWEEP``, and a turn
+    whose earlier kick is still queued is not kicked again. Returns how many kicks were sent."""
+    room = settings.AGENTOPS_KICK_QUEUE_LIMIT - dispatch.engine_backlog()
+    limit = min(settings.AGENTOPS_KICK_MAX_PER_SWEEP, room)
+    if limit <= 0:
+        log.info("sweeper: the engine's backlog is deep; no quiet turn kicked this time")
+        return 0
+    sent = 0
+    # Past the quietest few whose kick is still queued (skipped), up to ``limit`` others.
+    for turn_id in turns_quiet(now=now, limit=limit * KICK_CANDIDATES_FACTOR):
+        sent += dispatch.turn_kick_enqueue(turn_id)
+        if sent >= limit:
+            break
+    return sent
+
+
+def client_calls_expire(*, now: datetime) -> int:
+    """Fail the client tool calls that waited longer than their tool's timeout (error code
+    ``client_timeout``) and wake their turns: the model hears that the call got no answer."""
+    count = 0
+    for tool in tool_definitions_by_name().values():
+        if tool.kind != ToolDefinition.Kind.CLIENT:
+            continue
+        due = Step.objects.filter(kind=Step.Kind.TOOL, tool_name=tool.name, status=Step.Status.RUNNING,
+                                  lease_expires_at__isnull=True,
+                                  started_at__lt=now - timedelta(seconds=tool.timeout_seconds))
+        for step_id in due.values_list("pk", flat=True):
+            count += client_call_expire(step_id, timeout_seconds=tool.timeout_seconds)
+    return count
+
+
+def client_call_expire(step_id: uuid.UUID, *, timeout_seconds: int) -> int:
+    """Fail one waiting client call (a no-op when its output arrived meanwhile)."""
+    session_id = Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first()
+    if session_id is None:
+        return 0
+    with transaction.atomic():
+        session_lock(session_id)
+        step = Step.objects.select_for_update().filter(pk=step_id).first()
+        if step is None or step.status != Step.Status.RUNNING or step.lease_expires_at is not None:
+            return 0
+        message = f"The client did not submit an output for this call within {timeout_seconds} s."
+        result = {"status": "failed", "output": message, "error_code": "client_timeout"}
+        step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.FAILED, event_type="tool.failed",
+                        event_payload={"result": result, "client": True}, result=result,
+                        error_code="client_timeout", error_message=message)
+        dispatch.tick_enqueue(step.turn_id)
+    return 1
 
 
 def step_recover(step_id: uuid.UUID | str) -> bool:

@@ -47,6 +47,7 @@ from tools_app.binding import run_spec, spec_differences, spec_sha256
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import (
+    OutputBatcher,
     PathDenied,
     open_beneath,
     sandbox_status,
@@ -279,13 +280,27 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
                           timeout_seconds=tool.timeout_seconds if tool else None,
                           network=tool.network if tool else "none",
                           idempotency_key=step.idempotency_key or str(step.id),
-                          should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest)
+                          should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest,
+                          live=live_output(step))
     failpoint_after_tool(step.tool_name)
     payload = result.to_dict()
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
                                     f"{approval.arguments}; what ran was {approval.edited_arguments}.")
     return tool_step_record(step=step, result=payload, workspace=workspace)
+
+
+def live_output(step: Step) -> OutputBatcher:
+    """Where a running command's output goes while it runs: ``tool.progress`` events of the step,
+    batched and capped (``tools_app.sandbox.progress``), each in its own short transaction."""
+
+    def record(batch: dict[str, Any]) -> None:
+        event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="tool.progress",
+                     payload={"index": step.index, "tool": step.tool_name, **batch})
+
+    return OutputBatcher(record, interval=settings.AGENTOPS_PROGRESS_INTERVAL_SECONDS,
+                         max_bytes=settings.AGENTOPS_PROGRESS_MAX_BYTES,
+                         max_batches=settings.AGENTOPS_PROGRESS_MAX_EVENTS)
 
 
 def failpoint_after_tool(tool_name: str) -> None:

@@ -42,7 +42,8 @@ def turn_fail_budget(*, turn_id: uuid.UUID, session_id: uuid.UUID, budget: Budge
     """The next call would cross a budget: say which (``budget.exceeded``) and fail the turn."""
     event_record(session_id=session_id, turn_id=turn_id, type="budget.exceeded",
                  payload={"budget": budget.name, "limit": budget.limit, "used": budget.used})
-    return turn_fail(turn_id=turn_id, code="budget_exceeded", message=budget.message())
+    # Retryable: once an operator raises the budget (``session_budget_raise``), a retry goes on.
+    return turn_fail(turn_id=turn_id, code="budget_exceeded", message=budget.message(), retryable=True)
 
 
 @joins_transaction

@@ -3,8 +3,10 @@
 from typing import Any
 
 from django import template
+from django.utils.safestring import SafeString, mark_safe
 
 from approvals_app.models import ApprovalStatus
+from sessions_app.markdown import markdown_html
 from sessions_app.models import SessionStatus, StepStatus, TurnStatus
 from sessions_app.presenters import pretty_json as _pretty_json
 
@@ -27,3 +29,10 @@ def pretty_json(value: Any) -> str:
 def status_label(value: Any) -> str:
     """The human label of a session, turn, step or approval status; an unknown value as is."""
     return STATUS_LABELS.get(str(value), str(value))
+
+
+@register.filter
+def markdown(value: Any) -> SafeString:
+    """A final answer's Markdown as sanitised HTML (``sessions_app.markdown``: nh3 cleans it, so
+    marking it safe is sound)."""
+    return mark_safe(markdown_html(str(value or "")))  # noqa: S308 - sanitised by nh3 just above

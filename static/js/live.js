@@ -208,8 +208,9 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
-    var root = document.querySelector("[data-live]");
-    if (root && "WebSocket" in window) connect(root);
+    // A page may follow more than one stream (the decision page: the approvals and its session).
+    var roots = document.querySelectorAll("[data-live]");
+    for (var i = 0; i < roots.length && "WebSocket" in window; i++) connect(roots[i]);
     tickTimes();
     setInterval(tickTimes, 15000);
   });

@@ -158,3 +158,33 @@ async def test_reconnect_gets_every_missed_event_once() -> None:
     assert seqs == list(range(4, 254))
     await assert_next_is(comm, session, "after the backlog")
     await comm.disconnect()
+
+
+@database_sync_to_async
+def bulk(session: AgentSession, count: int) -> int:
+    """Store ``count`` events at once, none announced; returns the last seq."""
+    from django.utils import timezone
+
+    with transaction.atomic():
+        row = AgentSession.objects.select_for_update().get(pk=session.id)
+        now = timezone.now()
+        Event.objects.bulk_create([Event(session=row, seq=seq, type="custom.bulk", payload={"n": seq}, created_at=now)
+                                   for seq in range(row.last_seq + 1, row.last_seq + count + 1)], batch_size=5000)
+        AgentSession.objects.filter(pk=row.pk).update(last_seq=row.last_seq + count)
+    return row.last_seq + count
+
+
+async def test_backlog_and_gap_of_25000_events_each_once_in_order() -> None:
+    """The same algorithm as the SSE stream: a backlog and a gap of any length, read page by page."""
+    owner, session = await make_session()
+    first = await bulk(session, 25_000)
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 0})
+    seqs = [m["event"]["seq"] for m in await receive_events(comm, first)]
+    assert seqs == list(range(1, first + 1))
+    last = await bulk(session, 25_000)  # lost by the channel layer: the next live event shows the gap
+    seq = await record(session, "after the gap")
+    seqs = [m["event"]["seq"] for m in await receive_events(comm, seq - first)]
+    assert seqs == list(range(first + 1, seq + 1)) and seq == last + 1
+    await comm.disconnect()

@@ -161,3 +161,28 @@ def test_events_stream_api_sends_25000_events_each_once_in_order(operator: User)
     seqs = [int(seq) for seq in IDS.findall(async_to_sync(read)())]
     assert len(seqs) == total
     assert seqs == list(range(1, total + 1))
+
+
+def _bulk_unannounced(session_id: UUID, count: int) -> int:
+    """Store ``count`` events the channel layer never announces (a long outage); returns the last seq."""
+    with transaction.atomic():
+        row = AgentSession.objects.select_for_update().get(pk=session_id)
+        now = timezone.now()
+        Event.objects.bulk_create([Event(session=row, seq=seq, type="custom.bulk", payload={"n": seq}, created_at=now)
+                                   for seq in range(row.last_seq + 1, row.last_seq + count + 1)], batch_size=5000)
+        AgentSession.objects.filter(pk=row.pk).update(last_seq=row.last_seq + count)
+    return row.last_seq + count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_event_stream_rereads_a_gap_of_25000_events_each_once_in_order() -> None:
+    session = factories.session()  # seq 1
+    total = 25_000
+
+    def lose_25000_then_record_one() -> None:
+        assert _bulk_unannounced(session.id, total) == total + 1
+        event_record(session_id=session.id, type="custom.after_the_gap")  # announced live
+
+    seqs = _read_stream(session.id, until_seq=total + 2, on_seq={1: lose_25000_then_record_one})
+    assert len(seqs) == total + 2
+    assert seqs == list(range(1, total + 3))

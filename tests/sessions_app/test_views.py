@@ -1,12 +1,14 @@
 """Dashboard pages for sessions: access, content, escaping, CSRF, constant query counts."""
 
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from approvals_app.models import ApprovalRequest
 from sessions_app import services
@@ -69,6 +71,40 @@ def test_overview_counts_and_oldest_approval(operator: User, agent: AgentProfile
     assert re.search(r'<span class="n">1</span> running', body)
     assert "No pending approvals." in body
     assert "busy one" in body
+
+
+def _waiting_session(operator: User, agent: AgentProfile, title: str, turn_status: str, step_status: str,
+                     *, minutes: int, tool_name: str = "run_command") -> AgentSession:
+    session = factories.session(agent=agent, owner=operator, title=title)
+    turn = services.turn_create(session_id=session.id, input="go")
+    services.turn_transition(turn_id=turn.id, to="running")
+    step = factories.step(turn, tool_name=tool_name)
+    Step.objects.filter(pk=step.pk).update(status=step_status)
+    if turn_status != "running":
+        services.turn_transition(turn_id=turn.id, to=turn_status)
+    AgentSession.objects.filter(pk=session.pk).update(
+        last_event_at=timezone.now() - timedelta(minutes=minutes))
+    return session
+
+
+def test_overview_stuck_list_covers_every_waiting_state_with_age_and_reason(
+        operator: User, agent: AgentProfile, django_assert_num_queries: Any) -> None:
+    _waiting_session(operator, agent, "needs a reviewer", "awaiting_approval", "awaiting_approval", minutes=75)
+    _waiting_session(operator, agent, "needs the client", "requires_action", "running", minutes=20,
+                     tool_name="lookup_customer")
+    _waiting_session(operator, agent, "lost its tick", "running", "approved", minutes=12)
+    _waiting_session(operator, agent, "fresh approval", "awaiting_approval", "awaiting_approval", minutes=1)
+    client = login(operator)
+    client.get("/")
+    with django_assert_num_queries(10):  # as below, plus the stuck sessions' blocking steps
+        body = client.get("/").content.decode()
+    rows = re.findall(r'<li class="stuck-row">(.*?)</li>', body, re.S)
+    assert len(rows) == 3
+    assert "needs a reviewer" in rows[0] and "1 h 15 min" in rows[0]
+    assert "waiting for a reviewer to decide run_command" in rows[0]
+    assert "needs the client" in rows[1] and "20 min" in rows[1] and "output of lookup_customer" in rows[1]
+    assert "lost its tick" in rows[2] and "12 min" in rows[2] and "not picked up yet" in rows[2]
+    assert "fresh approval" not in "".join(rows)
 
 
 def test_overview_shows_admin_link_only_to_staff(operator: User) -> None:

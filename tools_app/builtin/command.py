@@ -45,7 +45,8 @@ def run_command(ctx: ToolContext, manifest_before: dict[str, Any] | None = None)
     policy = policy_for(timeout_seconds=timeout, network=ctx.network)
     before = manifest_before if manifest_before is not None else workspace_manifest(ctx.workspace)
     result = run_sandboxed(workspace=ctx.workspace, command=ctx.arguments["command"],
-                           cwd=ctx.arguments.get("cwd", "."), policy=policy, should_cancel=ctx.should_cancel)
+                           cwd=ctx.arguments.get("cwd", "."), policy=policy, should_cancel=ctx.should_cancel,
+                           live=ctx.live)
     after = workspace_manifest(ctx.workspace, reuse=before)
     diff = manifest_diff(before, after)
     changes = {key: diff[key] for key in ("created", "modified", "deleted")}

@@ -9,6 +9,8 @@ from typing import Any
 
 import jsonschema
 
+from tools_app.sandbox.progress import OutputBatcher
+
 OUTPUT_CAP_CHARS = 64 * 1024
 MAX_ARGUMENTS_BYTES = 4 * 1024 * 1024  # larger argument payloads are refused before parsing them further
 ERROR_CODES = ("timeout", "sandbox_error", "invalid_arguments", "limit_exceeded", "denied", "cancelled",
@@ -61,6 +63,7 @@ class ToolContext:
     network: str
     idempotency_key: str
     should_cancel: Callable[[], bool] | None
+    live: OutputBatcher | None = None  # a command's live output goes there (``tools_app.sandbox.progress``)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from .backend import sandbox_status
 from .bubblewrap import run_sandboxed
 from .manifest import manifest_diff, workspace_changed_since, workspace_manifest
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
+from .progress import OutputBatcher, parse_progress
 from .workspace import (
     FileDigest,
     NotARegularFile,
@@ -13,19 +14,23 @@ from .workspace import (
     sandbox_ids,
     workspace_file_sha256,
     workspace_for,
+    workspace_purge,
     workspace_relpath,
+    workspace_retire,
 )
 
 __all__ = [
     "CommandResult",
     "FileDigest",
     "NotARegularFile",
+    "OutputBatcher",
     "PathDenied",
     "SandboxPolicy",
     "SandboxUnavailable",
     "file_sha256",
     "manifest_diff",
     "open_beneath",
+    "parse_progress",
     "run_sandboxed",
     "sandbox_ids",
     "sandbox_status",
@@ -33,5 +38,7 @@ __all__ = [
     "workspace_file_sha256",
     "workspace_for",
     "workspace_manifest",
+    "workspace_purge",
     "workspace_relpath",
+    "workspace_retire",
 ]

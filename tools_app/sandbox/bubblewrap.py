@@ -12,6 +12,7 @@ from pathlib import Path
 from .backend import ensure_backend, unreachable_ancestor
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
 from .process import run_with_backend
+from .progress import OutputBatcher
 from .workspace import PathDenied, workspace_relpath
 
 
@@ -27,7 +28,8 @@ def _prepare_cwd(workspace: Path, cwd: str) -> str:
 
 
 def run_sandboxed(*, workspace: Path, command: str, cwd: str = ".", policy: SandboxPolicy,
-                  should_cancel: Callable[[], bool] | None = None) -> CommandResult:
+                  should_cancel: Callable[[], bool] | None = None,
+                  live: OutputBatcher | None = None) -> CommandResult:
     """Run ``command`` with ``/bin/sh -c`` in the sandbox, ``workspace`` mounted at /workspace.
 
     Raises SandboxUnavailable when no backend works (never falls back to an unsafe one silently),
@@ -43,4 +45,4 @@ def run_sandboxed(*, workspace: Path, command: str, cwd: str = ".", policy: Sand
                                  "o+x (put AGENTOPS_WORKSPACE_ROOT under a traversable directory)")
     cwd_rel = _prepare_cwd(workspace, cwd)
     return run_with_backend(backend, workspace=Path(os.path.realpath(workspace)), command=command,
-                            cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel)
+                            cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel, live=live)

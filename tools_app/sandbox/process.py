@@ -15,6 +15,7 @@ from pathlib import Path
 from .argv import LAUNCHER_FAILED, bwrap_args, data_fd, drop_privileges_args, launcher_args, passwd_data
 from .cgroup import PidsCgroup, cgroup_parent
 from .policy import CommandResult, SandboxPolicy
+from .progress import OutputBatcher
 
 # Popen's own environment: nothing of the worker's (database URLs, API keys) may reach a process
 # that can read /proc/<pid>/environ.
@@ -67,11 +68,13 @@ class _CappedBuffer:
 class _Output:
     """The child's stdout and stderr, read without blocking into capped buffers."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], cap: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], cap: int, live: OutputBatcher | None = None) -> None:
         assert proc.stdout is not None and proc.stderr is not None
         self._pipes = (proc.stdout, proc.stderr)
         self.stdout, self.stderr = _CappedBuffer(cap), _CappedBuffer(cap)
         self._buffers = {proc.stdout.fileno(): self.stdout, proc.stderr.fileno(): self.stderr}
+        self._names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        self.live = live
         self._sel = selectors.DefaultSelector()
         for fd in self._buffers:
             os.set_blocking(fd, False)
@@ -96,6 +99,8 @@ class _Output:
                 continue
             if chunk:
                 self._buffers[fd].add(chunk)
+                if self.live is not None:
+                    self.live.feed(self._names[fd], chunk)
             else:
                 self._sel.unregister(fd)
 
@@ -216,6 +221,8 @@ def _watch(child: _Child, output: _Output, *, deadline: float, output_limit: int
         else:
             # Both pipes closed but the process may still run (it closed them itself).
             child.wait(timeout=wait)
+        if output.live is not None:
+            output.live.tick()
         if not output.open and child.poll() is not None:
             return ""
 
@@ -250,7 +257,8 @@ def _result(child: _Child, output: _Output, *, duration_ms: float, backend: str)
 
 def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tuple[int, ...],
              status_fd: int | None, cgroup: PidsCgroup | None,
-             should_cancel: Callable[[], bool] | None, backend: str) -> CommandResult:
+             should_cancel: Callable[[], bool] | None, backend: str,
+             live: OutputBatcher | None = None) -> CommandResult:
     started = time.monotonic()
     try:
         proc = _start(argv, cwd=cwd, pass_fds=pass_fds, status_fd=status_fd)
@@ -259,13 +267,15 @@ def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tupl
             os.close(status_fd)  # no bwrap will write to it: kept, it leaks one descriptor per failed start
         return CommandResult(exit_code=None, stdout="", stderr="", duration_ms=0.0, backend=backend,
                              error_code="sandbox_error", error_message=f"could not start the sandbox: {exc}")
-    child, output = _Child(proc), _Output(proc, policy.output_cap_bytes)
+    child, output = _Child(proc), _Output(proc, policy.output_cap_bytes, live)
     reason = ""
     try:
         reason = _watch(child, output, deadline=started + policy.timeout_seconds,
                         output_limit=policy.output_limit_bytes, should_cancel=should_cancel)
     finally:
         status_text = _stop(child, output, cgroup=cgroup, status_fd=status_fd, reason=reason)
+        if live is not None:
+            live.close()
     duration_ms = (time.monotonic() - started) * 1000
     if status_fd is not None:
         status_text += _read_status(status_fd)
@@ -315,7 +325,7 @@ def _classify(result: CommandResult, *, reason: str, policy: SandboxPolicy, stat
 # --- one command on one backend -------------------------------------------------------------------
 
 def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel: str, policy: SandboxPolicy,
-                     should_cancel: Callable[[], bool] | None) -> CommandResult:
+                     should_cancel: Callable[[], bool] | None, live: OutputBatcher | None = None) -> CommandResult:
     """Run ``command`` in ``workspace`` (already checked) under ``backend``, in its own pids cgroup."""
     parent = cgroup_parent()
     cgroup = PidsCgroup(parent, policy.max_processes) if parent else None
@@ -324,7 +334,7 @@ def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel
         if backend.bwrap is None:
             argv = launcher + drop_privileges_args() + ["/bin/sh", "-c", command]
             return _execute(argv, cwd=os.path.join(workspace, cwd_rel), policy=policy, pass_fds=(), status_fd=None,
-                            cgroup=cgroup, should_cancel=should_cancel, backend=backend.name)
+                            cgroup=cgroup, should_cancel=should_cancel, backend=backend.name, live=live)
         passwd, group = passwd_data()
         passwd_fd, group_fd = data_fd(passwd), data_fd(group)
         status_read, status_write = os.pipe()
@@ -332,7 +342,8 @@ def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel
             backend.bwrap, workspace=workspace, cwd_rel=cwd_rel, policy=policy, passwd_fd=passwd_fd,
             group_fd=group_fd, status_fd=status_write, command=command)
         return _execute(argv, cwd="/", policy=policy, pass_fds=(passwd_fd, group_fd, status_write),
-                        status_fd=status_read, cgroup=cgroup, should_cancel=should_cancel, backend=backend.name)
+                        status_fd=status_read, cgroup=cgroup, should_cancel=should_cancel, backend=backend.name,
+                        live=live)
     finally:
         if cgroup is not None:
             cgroup.remove()

@@ -10,10 +10,11 @@ import errno
 import hashlib
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 from typing import NamedTuple
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from django.conf import settings
 
@@ -75,6 +76,27 @@ def workspace_for(session_id: str | UUID) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         workspace.chmod(0o700)
     return workspace
+
+
+def workspace_retire(workspace: Path) -> Path | None:
+    """Move a workspace out of the way, atomically (a rename in the workspace root), so that a
+    new one can be created under the same name at once. Returns where it went, for
+    ``workspace_purge``; None when there was nothing there. Refuses a path outside the root."""
+    root = workspace_root().resolve()
+    path = Path(workspace)
+    if path.is_symlink() or path.resolve().parent != root:
+        raise ValueError(f"{workspace} is not a workspace under {root}")
+    retired = root / f".retired-{path.name}-{uuid4().hex[:8]}"
+    try:
+        os.rename(path, retired)
+    except FileNotFoundError:
+        return None
+    return retired
+
+
+def workspace_purge(retired: Path) -> None:
+    """Delete a retired workspace and everything in it (symlinks are removed, never followed)."""
+    shutil.rmtree(retired, ignore_errors=True)
 
 
 def workspace_relpath(path: str) -> str:

@@ -1,0 +1,37 @@
+"""Final answers as Markdown: rendered by markdown-it-py, then sanitised by nh3.
+
+The model writes the answer, and a prompt-injected model writes whatever it was told to: the
+rendered HTML is never trusted. markdown-it-py runs with raw HTML off (it is shown as text) and
+refuses ``javascript:`` links; nh3 then keeps only the tags and attributes below, only http(s)
+and mailto links, and adds ``rel="noopener noreferrer nofollow"``. The raw text stays stored
+and shown beside it.
+"""
+
+import functools
+
+import nh3
+from markdown_it import MarkdownIt
+
+ALLOWED_TAGS = frozenset({
+    "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "code", "pre", "blockquote",
+    "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
+})
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}, "th": {"style"}, "td": {"style"},
+                      "code": {"class"}}
+URL_SCHEMES = frozenset({"http", "https", "mailto"})
+MAX_CHARS = 200_000  # an answer longer than this is shown as text only
+
+
+@functools.cache
+def _parser() -> MarkdownIt:
+    return MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+
+
+def markdown_html(text: str) -> str:
+    """Safe HTML of a Markdown text (an empty string for none)."""
+    if not text or len(text) > MAX_CHARS:
+        return ""
+    html = _parser().render(text)
+    return nh3.clean(html, tags=set(ALLOWED_TAGS), attributes={k: set(v) for k, v in ALLOWED_ATTRIBUTES.items()},
+                     url_schemes=set(URL_SCHEMES), link_rel="noopener noreferrer nofollow",
+                     filter_style_properties={"text-align"})
