@@ -16,6 +16,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from agentops.auth import api_auth
 from agentops.domain import DomainError
+from agentops.parser import StrictJSONParser
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "permission_denied",
               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 422: "invalid_arguments",
               429: "throttled"}
 
-api = NinjaAPI(title="agentops", version="1", auth=api_auth, urls_namespace="api")
+api = NinjaAPI(title="agentops", version="1", auth=api_auth, urls_namespace="api", parser=StrictJSONParser())
 
 
 def error_response(request: HttpRequest, status: int, code: str, message: str,
@@ -64,7 +65,7 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     # ninja refuses a body its JSON parser cannot read as HttpError(400, "Cannot parse request body")
     # raised from the parser's error: a JSONDecodeError or UnicodeDecodeError, or a RecursionError
-    # for a body nested too deep.
+    # for a body nested too deep; agentops.parser's UnsafeJSON for JSON nothing below can hold.
     if exc.status_code == 400 and exc.__cause__ is not None:
         return error_response(request, 400, "malformed_json", "The request body is not valid JSON.",
                               {"error": str(exc.__cause__)[:300]})

@@ -19,6 +19,8 @@ from channels.middleware import BaseMiddleware
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.db import close_old_connections
 
+from agentops.parser import INT64, json_loads_strict
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -50,14 +52,59 @@ def AuthMiddlewareStack(inner: Any) -> BaseMiddleware:  # noqa: N802 (named like
     return CookieMiddleware(SessionMiddleware(OffThreadAuthMiddleware(inner)))
 
 
+MAX_MESSAGE_CHARS = 16_000  # ours are a few dozen characters
+
+
+class BadMessage(ValueError):
+    """A client message the consumer cannot act on: answered with an error message, never a crash."""
+
+    def __init__(self, message: str, *, code: str = "bad_message", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details or {}
+
+
+def message_int(content: dict[str, Any], name: str, default: int) -> int:
+    """A non-negative integer field of a client message (``default`` when absent), else BadMessage."""
+    value = content.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < INT64:
+        raise BadMessage(f"{name} must be an integer from 0 to 2^63-1", code="invalid_arguments",
+                         details={"field": name})
+    return value
+
+
 class JsonConsumer(AsyncJsonWebsocketConsumer):
-    """A JSON WebSocket consumer whose messages never wait for the sync-view thread.
+    """A JSON WebSocket consumer whose messages never wait for the sync-view thread, and which
+    answers a message it cannot use with ``{"type": "error", "code", "message", "details"}``
+    (the API's error shape) instead of dying with the connection: a binary frame, text that is
+    not JSON (or JSON nothing below can hold: NaN, NUL, 64-bit overflow, deep nesting, see
+    ``agentops.parser``), a message over MAX_MESSAGE_CHARS, an unknown type or a bad field.
+    Such a message changes nothing.
 
     Channels' AsyncConsumer.dispatch runs ``close_old_connections`` on that one thread before
     every message: every live event, for every connected client, queued behind every HTTP request
     of the process (measured: seconds of push latency with 200 watchers). Our consumers touch the
     database only through ``database_read``, which hands its connection back itself.
     """
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        try:
+            if text_data is None:
+                raise BadMessage("Messages are JSON text frames, not binary.")
+            if len(text_data) > MAX_MESSAGE_CHARS:
+                raise BadMessage(f"The message is over {MAX_MESSAGE_CHARS} characters.", code="message_too_large",
+                                 details={"limit": MAX_MESSAGE_CHARS})
+            try:
+                content = json_loads_strict(text_data)
+            except ValueError as exc:
+                raise BadMessage("The message is not valid JSON.", code="malformed_json",
+                                 details={"error": str(exc)[:300]}) from exc
+            if not isinstance(content, dict) or not isinstance(content.get("type"), str):
+                raise BadMessage('A message is a JSON object with a "type".')
+            await self.receive_json(content, **kwargs)
+        except BadMessage as exc:
+            await self.send_json({"type": "error", "code": exc.code, "message": exc.message, "details": exc.details})
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)

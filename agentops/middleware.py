@@ -1,4 +1,6 @@
+import json
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -40,6 +42,22 @@ class RequestSizeLimitMiddleware:
         return self.get_response(request)
 
 
+class NulRefusalMiddleware:
+    """400 for a NUL character in the path or the query string: PostgreSQL text refuses NUL, so a
+    filter such as ``?q=%00`` was a DataError (500) deep in a query. Django's forms refuse NUL in
+    posted fields themselves; the API's JSON parser refuses it in bodies."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "\x00" in request.path or any("\x00" in key or any("\x00" in v for v in values)
+                                         for key, values in request.GET.lists()):
+            return JsonResponse({"code": "bad_request", "message": "The URL contains a NUL character.",
+                                 "details": {}}, status=400)
+        return self.get_response(request)
+
+
 class ApiErrorShapeMiddleware:
     """An API error that never reached the API's handlers (an unknown path under /api/, a method
     the path does not take) still leaves in the API's ``{"code", "message", "details"}`` shape."""
@@ -61,3 +79,58 @@ class ApiErrorShapeMiddleware:
         if response.has_header("Allow"):
             shaped["Allow"] = response["Allow"]
         return shaped
+
+
+class BodyLimitASGI:
+    """ASGI wrapper: an HTTP body over AGENTOPS_MAX_REQUEST_BYTES is refused with 413 before the
+    application reads it, whether the client declared its length or streams it (chunked).
+
+    Django's ASGI handler reads the whole body (to a spooled file) before any middleware runs,
+    so RequestSizeLimitMiddleware alone cannot stop a chunked upload of any size: this reads at
+    most the limit plus one chunk, answers 413 past it, and hands the body read so far to the
+    application otherwise.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = settings.AGENTOPS_MAX_REQUEST_BYTES
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        try:
+            declared_length = int(declared or 0)
+        except ValueError:
+            declared_length = 0
+        if declared_length > limit:
+            await _refuse_too_large(send, limit, declared_length)
+            return
+        messages: list[dict[str, Any]] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect: nobody to answer
+                return
+            size += len(message.get("body", b""))
+            if size > limit:
+                await _refuse_too_large(send, limit, size)
+                return
+            messages.append(message)
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> dict[str, Any]:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse_too_large(send: Any, limit: int, size: int) -> None:
+    body = json.dumps({"code": "payload_too_large", "message": f"The request body is over the limit of {limit} bytes.",
+                       "details": {"limit": limit, "received_at_least": size}}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -12,7 +12,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from agentops.asyncdb import JsonConsumer, database_read
+from agentops.asyncdb import BadMessage, JsonConsumer, database_read
 from agentops.models import Team
 from agentops.permissions import VIEW_APPROVALS, has_perm
 from agentops.streamaccess import Watchdog, credential_of_scope
@@ -80,11 +80,12 @@ class ApprovalsConsumer(JsonConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not isinstance(content, dict) or content.get("type") != "hello":
-            return
-        since = parse_datetime(str(content.get("since") or "")) or timezone.now()
-        if timezone.is_naive(since):
-            since = since.replace(tzinfo=UTC)
+        """``{"type": "hello", "since": ISO-8601}``: the events since then, then live ones."""
+        if content.get("type") != "hello":
+            raise BadMessage(f"Unknown message type {str(content.get('type'))[:40]!r}.", details={"allowed": ["hello"]})
+        if self.ready:
+            raise BadMessage("hello was already sent on this connection.", code="already_started")
+        since = _since(content.get("since"))
         position: Position | None = None
         while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
             messages, position = await database_read(load_approval_events)(self.scope["user"], since, position)
@@ -97,3 +98,21 @@ class ApprovalsConsumer(JsonConsumer):
     async def event_message(self, message: dict[str, Any]) -> None:
         if self.ready:  # earlier messages are in the hello's backlog
             await self.send_json({"type": "event", "event": message["event"], "html": message.get("html", "")})
+
+
+def _since(value: Any) -> datetime:
+    """The hello's ``since`` (now when absent), else BadMessage."""
+    if value is None or value == "":
+        return timezone.now()
+    try:
+        since = parse_datetime(value) if isinstance(value, str) and len(value) <= 64 else None
+    except ValueError:  # well-formed but impossible, e.g. month 13
+        since = None
+    if since is None:
+        raise BadMessage("since must be an ISO-8601 date and time.", code="invalid_arguments",
+                         details={"field": "since"})
+    since = since.replace(tzinfo=UTC) if timezone.is_naive(since) else since
+    return max(since, EARLIEST)  # year 1 minus COMMIT_SKEW would overflow
+
+
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)

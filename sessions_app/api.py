@@ -131,7 +131,8 @@ def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
 
 
 @router.get("/sessions/{session_id}/events", response={200: EventPageOut, **ERRORS})
-def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+def events_list_api(request: AuthedRequest, session_id: str, after: int = Query(0, ge=0, lt=2**63),
+                    limit: int = 200) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id, user=request.user)
     limit = max(1, min(limit, 1000))
@@ -140,8 +141,9 @@ def events_list_api(request: AuthedRequest, session_id: str, after: int = 0, lim
 
 
 @router.get("/sessions/{session_id}/events/stream", response={200: None, **ERRORS})
-def events_stream_api(request: AuthedRequest, session_id: str, after: int | None = None,
-                      max_seconds: float | None = Query(None, description="Close after this long (tests).")
+def events_stream_api(request: AuthedRequest, session_id: str, after: int | None = Query(None, ge=0, lt=2**63),
+                      max_seconds: float | None = Query(None, gt=0, le=24 * 3600, allow_inf_nan=False,
+                                                        description="Close after this long (tests).")
                       ) -> StreamingHttpResponse:
     """Server-Sent Events: the backlog after ``after`` (else ``Last-Event-ID``, else 0), then live
     events, each once and in seq order (``sessions_app/streams.py``)."""
@@ -151,7 +153,8 @@ def events_stream_api(request: AuthedRequest, session_id: str, after: int | None
         raise Throttled("Too many stream (re)connections; wait a minute.",
                         details={"per_minute": settings.AGENTOPS_STREAM_REPLAYS_PER_MINUTE})
     last_event_id = request.headers.get("Last-Event-ID", "")
-    start = after if after is not None else int(last_event_id) if last_event_id.isdigit() else 0
+    start = after if after is not None else int(last_event_id) \
+        if last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) < 19 else 0
     credential = streamaccess.credential_of_request(request)
 
     def may_watch(user: Any) -> bool:

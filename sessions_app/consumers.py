@@ -10,7 +10,7 @@ can also ask again for a range it misses (``resend``).
 
 from typing import Any
 
-from agentops.asyncdb import JsonConsumer, database_read
+from agentops.asyncdb import BadMessage, JsonConsumer, database_read, message_int
 from agentops.permissions import VIEW_SESSIONS, has_perm
 from agentops.streamaccess import ReplayLimiter, Watchdog, credential_of_scope
 from sessions_app import selectors
@@ -71,23 +71,31 @@ class SessionConsumer(JsonConsumer):
         return messages
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not isinstance(content, dict):
-            return
+        """``{"type": "hello", "last_seq": n}`` once, then ``{"type": "resend", "after": a, "until": b}``."""
         kind = content.get("type")
-        if kind == "hello" and self.feed is None:
-            feed = EventFeed(self._read, after=_int(content.get("last_seq"), 0), page=BACKLOG_BATCH)
+        if kind == "hello":
+            if self.feed is not None:
+                raise BadMessage("hello was already sent on this connection.", code="already_started")
+            feed = EventFeed(self._read, after=message_int(content, "last_seq", 0), page=BACKLOG_BATCH)
             async for message in feed.backlog():
                 await self.send_json(message)
             self.feed = feed
-        elif kind == "resend" and self.feed is not None:
+        elif kind == "resend":
+            if self.feed is None:
+                raise BadMessage("Send hello before resend.", code="not_started")
             if not self.replays.allow(self.channel_name):
                 await self.send_json({"type": "error", "code": "throttled",
                                       "message": "Too many resends; wait a minute."})
                 return
-            after = _int(content.get("after"), 0)
-            until = _int(content.get("until"), after + 1)
+            after = message_int(content, "after", 0)
+            until = message_int(content, "until", after + 1)
+            if until < after:
+                raise BadMessage("until must not be below after.", code="invalid_arguments",
+                                 details={"field": "until"})
             async for message in self.feed.replay(after, min(until, after + MAX_RESEND)):
                 await self.send_json(message)
+        else:
+            raise BadMessage(f"Unknown message type {str(kind)[:40]!r}.", details={"allowed": ["hello", "resend"]})
 
     async def event_message(self, message: dict[str, Any]) -> None:
         # Messages handled before the hello are in the hello's backlog: they were committed
@@ -98,9 +106,3 @@ class SessionConsumer(JsonConsumer):
         async for out in self.feed.live(live):
             await self.send_json(out)
 
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return default

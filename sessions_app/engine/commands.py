@@ -32,9 +32,12 @@ def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: s
                   metadata: dict[str, Any] | None = None,
                   idempotency_key: str = "") -> tuple[AgentSession, Turn | None]:
     """Create a session and, with input, its first turn; the engine starts after commit."""
+    if input and not input.strip():
+        # Whitespace is not a turn's input; without this guard the title line below was an IndexError (500).
+        raise InvalidArguments("input must not be empty or whitespace only", details={"field": "input"})
     if not title and input:
         title = input.strip().splitlines()[0][:80]
-    if not (input and input.strip()):
+    if not input:
         return session_create(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget,
                               metadata=metadata), None
     session, turn = session_create_with_turn(agent=agent, owner=owner, input=input, title=title, pinned=pinned,

@@ -1,8 +1,10 @@
 """Small template filters for the dashboard."""
 
+import unicodedata
 from typing import Any
 
 from django import template
+from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals_app.models import ApprovalStatus
@@ -36,3 +38,31 @@ def markdown(value: Any) -> SafeString:
     """A final answer's Markdown as sanitised HTML (``sessions_app.markdown``: nh3 cleans it, so
     marking it safe is sound)."""
     return mark_safe(markdown_html(str(value or "")))  # noqa: S308 - sanitised by nh3 just above
+def _is_hidden(char: str) -> bool:
+    """A character a reviewer would not see as what it is: controls, format characters (the bidi
+    overrides and isolates that reorder a command on screen, zero-width joiners and spaces, the
+    BOM), separators other than the plain space, private-use and surrogate code points."""
+    if char in "\n\t":
+        return False
+    category = unicodedata.category(char)
+    return category in ("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp") or (category == "Zs" and char != " ")
+
+
+@register.filter
+def reveal_hidden(value: Any) -> SafeString:
+    """The text escaped, each hidden character shown as a visible ``⟨U+202E⟩`` marker (with its
+    name as a tooltip): what the reviewer reads is what runs, in the order it runs."""
+    parts = []
+    for char in str(value):
+        if _is_hidden(char):
+            code = f"U+{ord(char):04X}"
+            name = unicodedata.name(char, "unnamed character")
+            parts.append(f'<span class="hidden-char" title="{escape(name)}">⟨{code}⟩</span>')
+        else:
+            parts.append(escape(char))
+    return mark_safe("".join(parts))  # noqa: S308 - every piece of the input is escaped above
+
+
+@register.filter
+def has_hidden(value: Any) -> bool:
+    return any(_is_hidden(char) for char in str(value))

@@ -256,3 +256,20 @@ def test_decided_fragment_removes_the_queue_item(operator: User, reviewer: User,
     assert f'data-op="remove" data-target="#approval-queue" data-seq="{event.seq}" ' \
            f'data-id="approval-{approval.request_id}"' in html
     assert ToolDefinition.objects.filter(name="run_command").exists()
+
+
+def test_decision_page_shows_bidi_and_control_characters_visibly(operator: User, reviewer: User,
+                                                                  agent: AgentProfile) -> None:
+    # "Trojan Source": U+202E makes `rm -rf ~ #` look like something else on screen.
+    command = "echo safe \u202e# ~ fr- mr\u202c; rm -rf ~\u200b\x1b[2K"
+    approval = make_approval(operator, agent, arguments={"command": command})
+    body = login(reviewer).get(f"/approvals/{approval.request_id}/").content.decode()
+    assert 'id="hidden-chars-warning"' in body
+    for code in ("U+202E", "U+202C", "U+200B", "U+001B"):
+        assert f"⟨{code}⟩" in body, code
+    assert 'title="RIGHT-TO-LEFT OVERRIDE"' in body
+    command_block = body.split('<pre class="mono cmd">')[1].split("</pre>")[0]
+    assert "\u202e" not in command_block and "\u200b" not in command_block and "\x1b" not in command_block
+    plain = make_approval(operator, agent, arguments={"command": "echo héllo\tworld"}, title="plain")
+    body = login(reviewer).get(f"/approvals/{plain.request_id}/").content.decode()
+    assert "hidden-chars-warning" not in body and "⟨U+" not in body

@@ -7,14 +7,16 @@ import shlex
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.tools_app.conftest import sandbox_uid_pids
 from tools_app.builtin import execute_tool
-from tools_app.sandbox import SandboxPolicy, run_sandboxed, workspace_for, workspace_manifest
+from tools_app.sandbox import CommandResult, SandboxPolicy, run_sandboxed, workspace_for, workspace_manifest
 
 pytestmark = pytest.mark.usefixtures("real_sandbox")
 
@@ -207,3 +209,80 @@ def test_attack_invalid_json_arguments_are_refused(arguments: str) -> None:
 def test_attack_unknown_tools_are_refused(name: str) -> None:
     result = execute_tool(name=name, workspace=workspace_for("atk-unknown"), arguments={"command": "id"})
     assert result.status == "failed" and result.error_code == "unknown_tool" and len(result.output) < 1000
+
+
+# --- issue 12, point 5: every writable filesystem capped, a memory limit, no nested namespaces, seccomp -----------
+
+def sandboxed(command: str, workspace: Path | None = None, **policy: Any) -> CommandResult:
+    return run_sandboxed(workspace=workspace or workspace_for(f"atk-{uuid.uuid4().hex[:8]}"), command=command,
+                         policy=SandboxPolicy(timeout_seconds=20, **policy))
+
+
+def test_attack_nested_user_namespace_is_refused() -> None:
+    result = sandboxed("unshare -Ur id; echo rc=$?; unshare -n true; echo rc=$?; unshare -m true; echo rc=$?")
+    assert result.stdout.split() == ["rc=1", "rc=1", "rc=1"], result
+    assert "uid=0" not in result.stdout and "Operation not permitted" in result.stderr
+
+
+def test_attack_seccomp_filter_is_on_and_refuses_dangerous_calls() -> None:
+    probe = (
+        "import ctypes, errno, json\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "calls = {'unshare': (272, 0x10000000), 'setns': (308, 0, 0), 'mount': (165, 0, 0, 0, 0, 0),\n"
+        "         'ptrace': (101, 16, 1, 0, 0), 'bpf': (321, 0, 0, 0), 'keyctl': (250, 0, 0, 0),\n"
+        "         'perf_event_open': (298, 0, 0, -1, -1, 0), 'userfaultfd': (323, 0), 'add_key': (248, 0, 0, 0, 0),\n"
+        "         'open_by_handle_at': (304, 0, 0, 0), 'init_module': (175, 0, 0, 0), 'io_uring_setup': (425, 1, 0)}\n"
+        "out = {}\n"
+        "for name, (nr, *args) in calls.items():\n"
+        "    ctypes.set_errno(0)\n"
+        "    rc = libc.syscall(nr, *[ctypes.c_long(a) for a in args])\n"
+        "    out[name] = errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno())) if rc == -1 else 'ALLOWED'\n"
+        "print(json.dumps(out))\n"
+    )
+    workspace = workspace_for("atk-seccomp")
+    (workspace / "probe.py").write_text(probe)
+    result = sandboxed("grep '^Seccomp:' /proc/self/status; python3 probe.py", workspace)
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["Seccomp:", "2"], result  # 2: a filter is on
+    refused = json.loads(lines[1])
+    assert refused == dict.fromkeys(refused, "EPERM"), refused
+
+
+def test_attack_writing_600mb_to_dev_shm_fails_at_the_cap() -> None:
+    result = sandboxed("dd if=/dev/zero of=/dev/shm/fill bs=1M count=600; df -B1 --output=size /dev/shm | tail -1")
+    assert "No space left on device" in result.stderr, result
+    assert int(result.stdout.split()[-1]) == SandboxPolicy().tmp_size_bytes
+
+
+def test_attack_writing_to_dev_and_tmp_is_capped_too() -> None:
+    result = sandboxed("touch /dev/evil; echo rc=$?; echo ok > /dev/null && echo null-ok; "
+                       "dd if=/dev/zero of=/tmp/fill bs=1M count=600 2>&1 | grep -c 'No space left'")
+    assert result.stdout.split() == ["rc=1", "null-ok", "1"], result
+    assert "Read-only file system" in result.stderr
+
+
+def test_attack_memory_hog_is_killed() -> None:
+    """Processes each under RLIMIT_AS but together over the limit: the memory cgroup kills them
+    (where the host has one; else each process's address space is all that is bounded)."""
+    from tools_app.sandbox.cgroup import memory_cgroup_parent
+
+    if memory_cgroup_parent() is None:
+        pytest.skip("no writable memory cgroup on this host: RLIMIT_AS only (test_attack_2gb_allocation)")
+    hog = "python3 -c 'b = bytearray(150 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); import time; time.sleep(8)'"
+    started = time.monotonic()
+    result = sandboxed(f"for i in 1 2 3 4; do {hog} & done; wait", memory_bytes=300 * 2**20)
+    assert result.error_code == "limit_exceeded" and "memory" in result.limits_hit, result
+    assert time.monotonic() - started < 15
+
+
+def test_attack_filling_the_workspace_past_its_quota_is_stopped() -> None:
+    workspace = workspace_for("atk-quota")
+    quota = 20 * 2**20
+    first = sandboxed("dd if=/dev/zero of=big bs=1M count=30 2>/dev/null; echo wrote", workspace,
+                      workspace_quota_bytes=quota)
+    assert first.error_code == "limit_exceeded" and "workspace" in first.limits_hit, first
+    assert "over its quota" in first.error_message
+    second = sandboxed("echo more > marker", workspace, workspace_quota_bytes=quota)
+    assert second.error_code == "limit_exceeded" and "workspace" in second.limits_hit  # still over: said again
+    freed = sandboxed("rm big; echo ok", workspace, workspace_quota_bytes=quota)
+    assert (freed.error_code, freed.stdout.strip()) == ("", "ok")

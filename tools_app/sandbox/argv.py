@@ -24,10 +24,11 @@ _ETC_RO_BINDS = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/et
 _ETC_NET_BINDS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates", "/etc/nsswitch.conf")
 # Exit status of the launcher itself when it cannot set up limits (distinct from the command's).
 LAUNCHER_FAILED = 125
-# Joins the cgroup (when given), sets the limits, drops nothing yet; then execs the rest of argv.
+# Joins the cgroups (when given: cgroup.procs files separated by spaces), sets the limits, drops
+# nothing yet; then execs the rest of argv.
 # ulimit units in dash: -v KiB, -f 512-byte blocks. CPU: soft then hard, so SIGXCPU comes first.
 _LAUNCHER = (
-    'if [ -n "$1" ]; then echo $$ > "$1" || exit 125; fi; '
+    'for procs in $1; do echo $$ > "$procs" || exit 125; done; '
     'ulimit -c 0 && ulimit -St "$2" && ulimit -Ht "$3" && ulimit -v "$4" && ulimit -f "$5" '
     '&& ulimit -n "$6" && ulimit -p "$7" || exit 125; '
     'shift 7; exec "$@"'
@@ -35,9 +36,11 @@ _LAUNCHER = (
 
 
 def bwrap_args(bwrap: str, *, workspace: Path, cwd_rel: str, policy: SandboxPolicy, passwd_fd: int,
-               group_fd: int, status_fd: int, command: str) -> list[str]:
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
-            "--json-status-fd", str(status_fd)]
+               group_fd: int, status_fd: int, seccomp_fd: int, command: str) -> list[str]:
+    # --disable-userns: the command cannot make a nested user namespace (where it would be uid 0
+    # with every capability over it); the seccomp filter refuses unshare/clone flags besides.
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1", "--clearenv", "--json-status-fd", str(status_fd), "--seccomp", str(seccomp_fd)]
     if policy.network == "host":
         args.append("--share-net")
     args += ["--ro-bind", "/usr", "/usr"]
@@ -55,6 +58,9 @@ def bwrap_args(bwrap: str, *, workspace: Path, cwd_rel: str, policy: SandboxPoli
              "--bind", str(workspace), SANDBOX_MOUNT,
              "--size", str(policy.tmp_size_bytes), "--tmpfs", "/tmp",
              "--proc", "/proc", "--dev", "/dev",
+             # bwrap's /dev is a tmpfs without a size cap, /dev/shm a directory on it: a capped
+             # tmpfs on /dev/shm, and /dev itself read-only (its device nodes still work).
+             "--size", str(policy.tmp_size_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
              "--chdir", f"{SANDBOX_MOUNT}/{cwd_rel}".rstrip("/"),
              "--hostname", "sandbox"]
     for key, value in SANDBOX_ENV.items():

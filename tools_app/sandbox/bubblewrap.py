@@ -13,7 +13,7 @@ from .backend import ensure_backend, unreachable_ancestor
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
 from .process import run_with_backend
 from .progress import OutputBatcher
-from .workspace import PathDenied, workspace_relpath
+from .workspace import PathDenied, workspace_relpath, workspace_usage
 
 
 def _prepare_cwd(workspace: Path, cwd: str) -> str:
@@ -44,5 +44,19 @@ def run_sandboxed(*, workspace: Path, command: str, cwd: str = ".", policy: Sand
         raise SandboxUnavailable(f"the workspace {workspace} is not reachable by the sandbox uid: {blocked} lacks "
                                  "o+x (put AGENTOPS_WORKSPACE_ROOT under a traversable directory)")
     cwd_rel = _prepare_cwd(workspace, cwd)
-    return run_with_backend(backend, workspace=Path(os.path.realpath(workspace)), command=command,
-                            cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel, live=live)
+    result = run_with_backend(backend, workspace=Path(os.path.realpath(workspace)), command=command,
+                              cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel, live=live)
+    # After every command, not before: a command that frees space (rm) must still run.
+    used = workspace_usage(workspace)
+    if used > policy.workspace_quota_bytes:
+        result.limits_hit.append("workspace")
+        message = _over_quota(used, policy)
+        if result.error_code in ("", "limit_exceeded"):
+            result.error_code = "limit_exceeded"
+            result.error_message = f"{result.error_message}; {message}" if result.error_message else message
+    return result
+
+
+def _over_quota(used: int, policy: SandboxPolicy) -> str:
+    return (f"the workspace holds {used} bytes, over its quota of {policy.workspace_quota_bytes} bytes: "
+            "free space before anything else")

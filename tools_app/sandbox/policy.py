@@ -28,13 +28,15 @@ class SandboxPolicy:
     output_cap_bytes: int = 64 * 1024  # kept per stream: half head, half tail
     # Past this much output the command is killed: draining 10 GB of `yes` only burns CPU.
     output_limit_bytes: int = 32 * MIB
-    tmp_size_bytes: int = 64 * MIB
+    tmp_size_bytes: int = 64 * MIB  # each of /tmp and /dev/shm (capped tmpfs)
+    workspace_quota_bytes: int = 1024 * MIB  # checked before and after each command
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "host"):
             raise ValueError(f"network must be 'none' or 'host', not {self.network!r}")
         for name in ("timeout_seconds", "cpu_seconds", "memory_bytes", "file_size_bytes", "max_open_files",
-                     "max_processes", "output_cap_bytes", "output_limit_bytes", "tmp_size_bytes"):
+                     "max_processes", "output_cap_bytes", "output_limit_bytes", "tmp_size_bytes",
+                     "workspace_quota_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

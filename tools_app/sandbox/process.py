@@ -16,6 +16,7 @@ from .argv import LAUNCHER_FAILED, bwrap_args, data_fd, drop_privileges_args, la
 from .cgroup import PidsCgroup, cgroup_parent
 from .policy import CommandResult, SandboxPolicy
 from .progress import OutputBatcher
+from .seccomp import seccomp_fd
 
 # Popen's own environment: nothing of the worker's (database URLs, API keys) may reach a process
 # that can read /proc/<pid>/environ.
@@ -282,12 +283,13 @@ def _execute(argv: list[str], *, cwd: str, policy: SandboxPolicy, pass_fds: tupl
         os.close(status_fd)
     result = _result(child, output, duration_ms=duration_ms, backend=backend)
     _classify(result, reason=reason, policy=policy, status_text=status_text, status_expected=status_fd is not None,
-              pids_limit_hit=bool(cgroup and cgroup.limit_hit()), cpu_used=child.cpu_seconds)
+              pids_limit_hit=bool(cgroup and cgroup.limit_hit()), cpu_used=child.cpu_seconds,
+              memory_limit_hit=bool(cgroup and cgroup.memory_limit_hit()))
     return result
 
 
 def _classify(result: CommandResult, *, reason: str, policy: SandboxPolicy, status_text: str,
-              status_expected: bool, pids_limit_hit: bool, cpu_used: float) -> None:
+              status_expected: bool, pids_limit_hit: bool, cpu_used: float, memory_limit_hit: bool = False) -> None:
     """Turn what happened into one error code; the causes found go to ``limits_hit``."""
     if pids_limit_hit:
         result.limits_hit.append("processes")
@@ -296,7 +298,8 @@ def _classify(result: CommandResult, *, reason: str, policy: SandboxPolicy, stat
         result.limits_hit.append("cpu")
     if result.exit_code == SIGXFSZ_EXIT:
         result.limits_hit.append("file_size")
-    if result.exit_code not in (0, None) and any(marker in result.stderr for marker in _MEMORY_MARKERS):
+    if memory_limit_hit or (result.exit_code not in (0, None)
+                            and any(marker in result.stderr for marker in _MEMORY_MARKERS)):
         result.limits_hit.append("memory")
     if reason == "output_limit":
         result.limits_hit.append("output")
@@ -316,7 +319,7 @@ def _classify(result: CommandResult, *, reason: str, policy: SandboxPolicy, stat
         messages = {"processes": f"process limit ({policy.max_processes})",
                     "cpu": f"CPU time limit ({policy.cpu_seconds} s)",
                     "file_size": f"file size limit ({policy.file_size_bytes} bytes)",
-                    "memory": f"memory limit ({policy.memory_bytes} bytes of address space)",
+                    "memory": f"memory limit ({policy.memory_bytes} bytes)",
                     "output": f"output limit ({policy.output_limit_bytes} bytes; the command was killed)"}
         result.error_code = "limit_exceeded"
         result.error_message = "the command hit the " + ", ".join(messages[name] for name in result.limits_hit)
@@ -328,7 +331,7 @@ def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel
                      should_cancel: Callable[[], bool] | None, live: OutputBatcher | None = None) -> CommandResult:
     """Run ``command`` in ``workspace`` (already checked) under ``backend``, in its own pids cgroup."""
     parent = cgroup_parent()
-    cgroup = PidsCgroup(parent, policy.max_processes) if parent else None
+    cgroup = PidsCgroup(parent, policy.max_processes, policy.memory_bytes) if parent else None
     try:
         launcher = launcher_args(policy, cgroup, parent is not None)
         if backend.bwrap is None:
@@ -337,11 +340,12 @@ def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel
                             cgroup=cgroup, should_cancel=should_cancel, backend=backend.name, live=live)
         passwd, group = passwd_data()
         passwd_fd, group_fd = data_fd(passwd), data_fd(group)
+        filter_fd = seccomp_fd()
         status_read, status_write = os.pipe()
         argv = launcher + drop_privileges_args() + bwrap_args(
             backend.bwrap, workspace=workspace, cwd_rel=cwd_rel, policy=policy, passwd_fd=passwd_fd,
-            group_fd=group_fd, status_fd=status_write, command=command)
-        return _execute(argv, cwd="/", policy=policy, pass_fds=(passwd_fd, group_fd, status_write),
+            group_fd=group_fd, status_fd=status_write, seccomp_fd=filter_fd, command=command)
+        return _execute(argv, cwd="/", policy=policy, pass_fds=(passwd_fd, group_fd, filter_fd, status_write),
                         status_fd=status_read, cgroup=cgroup, should_cancel=should_cancel, backend=backend.name,
                         live=live)
     finally:

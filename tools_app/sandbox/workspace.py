@@ -195,3 +195,26 @@ def workspace_file_sha256(workspace: Path | str, relpath: str) -> FileDigest:
         return file_sha256(fd)
     finally:
         os.close(fd)
+
+
+def workspace_usage(workspace: Path) -> int:
+    """Bytes the workspace takes on disk (allocated blocks, so a sparse file counts what it
+    holds), symlinks not followed. The quota is checked with it after every command: the
+    workspace is the one writable filesystem inside the sandbox that is not a capped tmpfs."""
+    total = 0
+    stack = [str(workspace)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+    return total
