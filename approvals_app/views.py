@@ -31,7 +31,7 @@ from tools_app.builtin.command import policy_for
 from tools_app.selectors import tool_definition_get
 
 RISKS = ("low", "medium", "high")
-QUEUE_PAGE = 50  # each card costs ~0.5 ms to render: more load as the reviewer scrolls
+QUEUE_PAGE = 25  # each card costs ~0.5 ms to render: more load as the reviewer scrolls
 
 
 @require_GET

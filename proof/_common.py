@@ -103,3 +103,9 @@ def print_verdicts(result: Result) -> None:
     for v in result.verdicts:
         print(f"  [{'PASS' if v.ok else 'FAIL'}] {v.target}: {v.measured}")
     sys.stdout.flush()
+
+
+def machine() -> str:
+    """CPUs and load: the proofs run on shared machines, and a busy one shows in every tail."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} CPUs, load average {load} (1/5/15 min) at the start"
