@@ -13,7 +13,7 @@ import time
 from proof._common import ROOT, print_table
 
 # In order of the priorities; each is ``python -m proof.<name> [--full]``.
-PROOFS = ["scale", "chaos"]
+PROOFS = ["scale", "chaos", "load"]
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ class Client:
         self.errors: list[str] = []
         self.ws: Any = None
         self.stopped = False
+        self.last_message_at = time.time()
 
     @property
     def seqs(self) -> set[int]:
@@ -38,7 +39,7 @@ class Client:
 
     def receive(self, event: dict[str, Any], live_after: float) -> dict[str, Any] | None:
         """Take one event; returns a resend request when it shows a gap."""
-        received = time.time()
+        received = self.last_message_at = time.time()
         seq = int(event.get("seq", 0))
         self.counts[seq] = self.counts.get(seq, 0) + 1
         if self.counts[seq] > 1:
@@ -145,6 +146,10 @@ async def main() -> None:
         while True:
             line = (await reader.readline()).decode().strip()
             if not line or line == "stop":
+                # Drain: what is on its way (a replay, a backlog behind) arrives before the report.
+                deadline = time.time() + 60
+                while time.time() < deadline and any(time.time() - c.last_message_at < 2 for c in clients):
+                    await asyncio.sleep(0.5)
                 break
             if line == "replay":
                 await asyncio.gather(*(c.replay() for c in clients))

@@ -52,10 +52,9 @@ from proof._common import (
     print_verdicts,
     recreate_database,
 )
-from proof.stack import PY, Stack
+from proof.stack import Stack, start_watchers
+from proof.world import CLIENT_TOOL, world_setup
 
-PASSWORD = "chaos-proof-pass"
-CLIENT_TOOL = "ask_operator"
 KILLABLE = ["worker-engine", "worker-sandbox", "gateway", "beat", "web"]
 
 
@@ -152,40 +151,6 @@ class Api:
             time.sleep(0.3)
 
 
-def _setup(size: dict[str, int], model_url: str, http_port: int) -> dict[str, str]:
-    """Tools, the agent, an operator and a reviewer (with tokens); a client tool."""
-    from django.contrib.auth.models import Group, User
-
-    from agentops.services import api_token_create
-    from sessions_app.models import AgentProfile
-    from tools_app.models import ToolDefinition
-    from tools_app.services import tool_definitions_seed
-
-    tool_definitions_seed()
-    ToolDefinition.objects.update_or_create(
-        name=CLIENT_TOOL, defaults={"kind": ToolDefinition.Kind.CLIENT, "description": "Ask the operator.",
-                                    "approval_mode": "safe_readonly", "idempotent": True,
-                                    "parameters_schema": {"type": "object",
-                                                          "properties": {"question": {"type": "string"}},
-                                                          "required": ["question"]}})
-    # Commands and requests need a reviewer; a few retries each (the chaos interrupts them).
-    ToolDefinition.objects.filter(name__in=["run_command", "http_request", "send_email"]).update(
-        approval_mode="mutating")
-    agent, _ = AgentProfile.objects.update_or_create(
-        slug="chaos", defaults={"name": "Chaos", "model": "scripted", "base_url": model_url,
-                                "instructions": "You are the chaos proof's agent.", "max_tool_calls": None,
-                                "max_model_calls": None, "max_tokens": None, "max_wall_seconds": None})
-    agent.tools.set(ToolDefinition.objects.all())
-    users = {}
-    for name, group in (("chaos-operator", "operators"), ("chaos-reviewer", "reviewers")):
-        user, _ = User.objects.get_or_create(username=name)
-        user.set_password(PASSWORD)
-        user.save()
-        user.groups.add(*Group.objects.filter(name__in=[group, "operators"]))
-        users[name] = api_token_create(username=name)[1]
-    return users
-
-
 class Chaos(threading.Thread):
     """Kills a random process every few seconds and restarts it; restarts Redis and cuts
     PostgreSQL's connections at planned moments."""
@@ -245,17 +210,6 @@ class Chaos(threading.Thread):
         return sum(1 for (ok,) in rows if ok)
 
 
-def _watchers(stack: Stack, ws_each: int, sse_each: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([PY, "-m", "proof._watch", stack.url, "chaos-operator", PASSWORD, str(ws_each),
-                             str(sse_each)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        raise RuntimeError(f"watchers did not start: {line!r}")
-    return proc
-
-
 def run(full: bool = False) -> Result:
     size = ({"sessions": 25, "turns": 4, "kills": 24, "redis": 2, "seconds": 240, "ws": 2, "sse": 1} if full else
             {"sessions": 8, "turns": 2, "kills": 6, "redis": 1, "seconds": 60, "ws": 1, "sse": 1})
@@ -285,14 +239,14 @@ def run(full: bool = False) -> Result:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        tokens = _setup(size, stack.model_url, counting.port)
+        tokens = world_setup("chaos", stack.model_url)
         from django.db import connections
 
         connections.close_all()
         stack.start()
         print(f"  stack      up: {', '.join(stack.procs)}; logs in {stack.logs}")
-        operator, reviewer = Api(stack.url, tokens["chaos-operator"]), Api(stack.url, tokens["chaos-reviewer"])
-        watchers = _watchers(stack, size["ws"], size["sse"])
+        operator, reviewer = Api(stack.url, tokens["operator"]), Api(stack.url, tokens["reviewer"])
+        watchers = start_watchers(stack.url, size["ws"], size["sse"])
         report = _drive(stack, size, operator, reviewer, counting, watchers, rnd, url, name, seed, result)
         print()
         _verify(report, stack, counting, workspaces, result)

@@ -161,3 +161,17 @@ class Stack:
     def tail(self, name: str, chars: int = 2000) -> str:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def start_watchers(url: str, ws_each: int, sse_each: int) -> subprocess.Popen[str]:
+    """The WebSocket/SSE clients (``proof._watch``), logged in as the proof's operator; session ids
+    go to its stdin, then ``replay`` and ``stop``; its last stdout line is the report."""
+    from proof.world import PASSWORD
+
+    proc = subprocess.Popen([PY, "-m", "proof._watch", url, "proof-operator", PASSWORD, str(ws_each), str(sse_each)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != "ready":
+        raise RuntimeError(f"the watchers did not start: {line!r}")
+    return proc
