@@ -3,6 +3,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 # No inline scripts anywhere: htmx and our own script come from /static/.
@@ -134,3 +135,25 @@ async def _refuse_too_large(send: Any, limit: int, size: int) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+class StreamReleasesConnectionMiddleware:
+    """A streaming response (the SSE stream, a download) hands its request's database connection
+    back to the pool as soon as the view returned, not when the stream ends.
+
+    Django gives a request's connections back at ``request_finished``, which for a stream comes
+    when it closes, minutes later: each open SSE client held one pooled connection, and with as
+    many clients as the pool's size every other request of the process waited 30 s and failed
+    (found by the chaos proof, issue 13). The stream reads the database in worker threads
+    (``database_read``), each taking a connection for the read and giving it back. Outermost in
+    MIDDLEWARE: every other middleware is done with the database by then.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.streaming:
+            for connection in connections.all(initialized_only=True):
+                if not connection.in_atomic_block:  # a test's transaction stays open
+                    connection.close()
+        return response

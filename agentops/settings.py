@@ -33,6 +33,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "agentops.middleware.StreamReleasesConnectionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "agentops.middleware.RequestSizeLimitMiddleware",
     "agentops.middleware.NulRefusalMiddleware",

@@ -3,9 +3,10 @@ an approval next to its step."""
 
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agentops.domain import NotFound
@@ -55,10 +56,21 @@ def approvals_list(*, user: Any, status: str | None = None, session: str | None 
 
 
 def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
-                   limit: int = 100) -> list[ApprovalRequest]:
-    """The pending requests with their session, agent, owner and turn. One query."""
+                   limit: int = 100, after: tuple[datetime, int] | None = None) -> list[ApprovalRequest]:
+    """The pending requests of the user's teams with their session, agent, owner and turn, at most
+    ``limit``; the next page starts ``after`` the (created_at, id) of the previous page's last
+    request. One query.
+
+    A keyset, not an offset: the queue changes while a reviewer scrolls (decisions remove
+    requests), and page N by offset would skip or repeat some.
+    """
+    oldest_first = order != "newest"
     qs = approvals_list(user=user, status=ApprovalRequest.Status.PENDING, tool=tool, agent=agent, risk=risk,
-                        oldest_first=order != "newest")
+                        oldest_first=oldest_first)
+    if after is not None:
+        created, pk = after
+        qs = (qs.filter(Q(created_at__gt=created) | Q(created_at=created, id__gt=pk)) if oldest_first
+              else qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk)))
     return list(qs.select_related("session__owner", "turn")[:limit])
 
 

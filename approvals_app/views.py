@@ -21,6 +21,7 @@ from django_htmx.http import reswap, retarget
 
 from agentops.domain import DomainError, InvalidArguments, NotFound, PermissionDenied
 from agentops.http import AuthedRequest, HtmxHttpRequest
+from agentops.pagination import cursor_decode, cursor_encode
 from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, require_perm
 from approvals_app import selectors
 from approvals_app.forms import ApprovalEditForm
@@ -32,22 +33,35 @@ from tools_app.builtin.command import policy_for
 from tools_app.selectors import tool_definition_get
 
 RISKS = ("low", "medium", "high")
-QUEUE_LIMIT = 100
+QUEUE_PAGE = 25  # each card costs ~0.5 ms to render: more load as the reviewer scrolls
 
 
 @require_GET
 @login_required
 @permission_required(VIEW_APPROVALS, raise_exception=True)
-def approval_queue_view(request: AuthedRequest) -> HttpResponse:
+def approval_queue_view(request: HtmxHttpRequest) -> HttpResponse:
+    """The pending requests, a page at a time: the next page loads when its marker scrolls into view
+    (``after`` = the cursor of the last request shown)."""
     f = {name: request.GET.get(name, "").strip() for name in ("tool", "agent", "risk")}
     f["order"] = "newest" if request.GET.get("order") == "newest" else "oldest"
-    approvals = selectors.approval_queue(user=request.user, order=f["order"], tool=f["tool"], agent=f["agent"],
-                                         risk=f["risk"],
-                                         limit=QUEUE_LIMIT)
-    context = {"nav": "approvals", "f": f, "approvals": approvals, "tools": selectors.queue_tools(user=request.user),
-               "agents": session_selectors.agents_all(user=request.user), "risks": RISKS, "now": timezone.now(),
-               "can_decide": has_perm(request.user, DECIDE_APPROVALS),
-               "qs_without_order": urlencode({k: v for k, v in f.items() if v and k != "order"})}
+    after_cursor = request.GET.get("after", "")
+    try:
+        after = cursor_decode(after_cursor, ApprovalRequest) if after_cursor else None
+    except InvalidArguments as exc:
+        return HttpResponse(exc.message, status=400)
+    rows = selectors.approval_queue(user=request.user, order=f["order"], tool=f["tool"], agent=f["agent"],
+                                    risk=f["risk"], limit=QUEUE_PAGE + 1, after=after)
+    approvals = rows[:QUEUE_PAGE]
+    filters = {k: v for k, v in f.items() if v}
+    more_url = ("?" + urlencode({**filters, "after": cursor_encode(approvals[-1])})
+                if len(rows) > QUEUE_PAGE else "")
+    context = {"nav": "approvals", "f": f, "approvals": approvals, "more_url": more_url,
+               "can_decide": has_perm(request.user, DECIDE_APPROVALS)}
+    if after is not None and request.htmx:
+        return render(request, "dashboard/_queue_page.html", context)
+    context.update(tools=selectors.queue_tools(user=request.user),
+                   agents=session_selectors.agents_all(user=request.user), risks=RISKS, now=timezone.now(),
+                   qs_without_order=urlencode({k: v for k, v in filters.items() if k != "order"}))
     return render(request, "dashboard/approval_queue.html", context)
 
 

@@ -128,7 +128,9 @@ class AgentSession(StateMachine, models.Model):
                 name="agentsession_budgets_non_negative",
             ),
         ]
-        indexes = [models.Index(fields=["status", "-created_at"]), models.Index(fields=["-last_event_at"])]
+        indexes = [models.Index(fields=["status", "-created_at"]), models.Index(fields=["-last_event_at"]),
+                   # The lists' order (newest first, id breaks ties): a page is an index walk, not a sort.
+                   models.Index(fields=["-created_at", "-id"], name="session_newest_idx")]
 
     def __str__(self) -> str:
         return self.title or f"session {str(self.id)[:8]}"

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from agentops.domain import NotFound
 from agentops.teams import OPERATE_ROLES, require_team_role, scope
@@ -79,9 +79,10 @@ def sessions_list(*, user: Any, status: str | None = None, agent: str | None = N
     if owner:
         qs = qs.filter(owner__username=owner)
     if q:
-        # EXISTS instead of a join: no duplicates, no DISTINCT over the whole table.
-        inputs = Turn.objects.filter(session=OuterRef("pk"), input__icontains=q)
-        qs = qs.filter(Q(title__icontains=q) | Exists(inputs))
+        # A set of ids, not a correlated EXISTS: PostgreSQL finds the matching turns once through
+        # their trigram index (migration 0004) instead of probing each session's turns in turn.
+        inputs = Turn.objects.filter(input__icontains=q).values("session_id")
+        qs = qs.filter(Q(title__icontains=q) | Q(pk__in=inputs))
     return qs
 
 

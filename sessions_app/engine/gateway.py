@@ -180,6 +180,12 @@ class Gateway:
                                                       count=min(free, READ_BATCH), block=1000)
                 except aioredis.RedisError as exc:
                     log.warning("model gateway: reading the stream failed (%s); retrying", exc)
+                    if "NOGROUP" in str(exc):
+                        # Redis came back empty (a restart without persistence): make the group
+                        # again, from the stream's start, so the entries added since are served.
+                        with contextlib.suppress(aioredis.RedisError):
+                            await self._ensure_group(client)
+                            continue
                     await asyncio.sleep(1.0)
                     continue
                 for _stream, entries in batches or []:

@@ -81,6 +81,8 @@
         return;
       } else if (container.getAttribute("data-order") === "newest") {
         container.prepend(fresh);
+      } else if (container.querySelector("#queue-more")) {
+        return; // oldest first and not all loaded: it comes with the last page, in its place
       } else {
         container.appendChild(fresh);
       }

@@ -1,5 +1,7 @@
 """The reviewer's pages: queue, decision page, decisions by request id with the hash the page showed."""
 
+import html
+import re
 from typing import Any
 
 import pytest
@@ -73,6 +75,43 @@ def test_queue_constant_queries(operator: User, reviewer: User, agent: AgentProf
     # session, user, 2 permission reads, queue, tools, agents
     with django_assert_num_queries(7):
         assert client.get("/approvals/").status_code == 200
+
+
+@pytest.mark.parametrize("order", ["oldest", "newest"])
+def test_queue_pages_load_on_scroll_each_request_once(operator: User, reviewer: User, agent: AgentProfile,
+                                                      monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    from approvals_app import views
+
+    monkeypatch.setattr(views, "QUEUE_PAGE", 2)
+    made = [str(make_approval(operator, agent).request_id) for _ in range(5)]
+    client = login(reviewer)
+    body = client.get(f"/approvals/?order={order}").content.decode()
+    def shown(page: str) -> list[str]:
+        return sorted((rid for rid in made if f'id="approval-{rid}"' in page), key=page.index)
+
+    seen = shown(body)
+    pages = 1
+    while (marker := re.search(r'id="queue-more" hx-get="([^"]+)"', body)) is not None and pages < 10:
+        body = client.get(html.unescape(marker.group(1)), headers={"HX-Request": "true"}).content.decode()
+        assert "<html" not in body  # a fragment, appended in place of the marker
+        seen += shown(body)
+        pages += 1
+    assert pages == 3
+    assert seen == (made if order == "oldest" else made[::-1])
+
+
+def test_queue_page_without_htmx_is_the_whole_page_and_a_forged_cursor_is_400(
+        operator: User, reviewer: User, agent: AgentProfile, monkeypatch: pytest.MonkeyPatch) -> None:
+    from approvals_app import views
+
+    monkeypatch.setattr(views, "QUEUE_PAGE", 1)
+    made = [str(make_approval(operator, agent).request_id) for _ in range(2)]
+    client = login(reviewer)
+    more = re.search(r'id="queue-more" hx-get="([^"]+)"', client.get("/approvals/").content.decode())
+    assert more is not None
+    page = client.get(html.unescape(more.group(1))).content.decode()
+    assert "<html" in page and f'id="approval-{made[1]}"' in page and f'id="approval-{made[0]}"' not in page
+    assert client.get("/approvals/?after=not-a-cursor").status_code == 400
 
 
 def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentProfile,

@@ -88,6 +88,24 @@ def test_gateway_takes_over_an_entry_that_a_dead_gateway_read(
     assert len(_requests_of(scripted_model, token)) == 1
 
 
+def test_gateway_recreates_its_group_after_redis_lost_everything(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    """A Redis restarted without persistence has no stream and no consumer group: the running
+    gateway read NOGROUP forever and every later model call waited (found by the chaos proof)."""
+    token = uuid.uuid4().hex
+    gateway, thread = run_in_thread(concurrency=10, db_threads=2, reclaim_after_seconds=0.5)
+    try:
+        wait_for(lambda: redis_client().exists(MODEL_STREAM) or None, timeout=10)
+        redis_client().delete(MODEL_STREAM)  # what a restart of a Redis without persistence leaves
+        step = _planned_model_step(engine_agent, owner, f"say after the restart {token}")
+        turn = finished(Turn.objects.get(pk=step.turn_id), timeout=20)
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"after the restart {token}"
+    assert len(_requests_of(scripted_model, token)) == 1
+
+
 def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
         engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
         worker_process: WorkerFactory) -> None:

@@ -103,7 +103,7 @@ def test_run_command_bad_cwd_is_denied(workspace: Path) -> None:
 def local_http_server() -> Iterator[int]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = f"hello from {self.headers['Host']}".encode()
+            body = f"hello from {self.headers['Host']} key={self.headers.get('Idempotency-Key')}".encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -136,3 +136,19 @@ def test_http_request_refuses_unlisted_and_private_hosts(settings, local_http_se
     result = execute_tool(name="http_request", workspace=workspace, arguments={"url": url}, network="host")
     assert result.status == "completed" and result.data["status_code"] == 200
     assert f"hello from localhost:{local_http_server}" in result.output  # the Host header survives pinning
+
+
+def test_http_request_sends_the_steps_idempotency_key(settings, local_http_server: int) -> None:  # type: ignore[no-untyped-def]
+    """A request re-run after a crash (in_doubt, then a reviewer's retry) carries the same key, so the
+    server can apply it once; found by the chaos proof (issue 13)."""
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.AGENTOPS_HTTP_ALLOW_PRIVATE = True
+    workspace = workspace_for("http-key")
+    url = f"http://127.0.0.1:{local_http_server}/"
+    for _ in range(2):
+        result = execute_tool(name="http_request", workspace=workspace, arguments={"url": url}, network="host",
+                              idempotency_key="turn-1:call_7")
+        assert result.status == "completed" and "key=turn-1:call_7" in result.output
+    own = execute_tool(name="http_request", workspace=workspace, network="host", idempotency_key="turn-1:call_8",
+                       arguments={"url": url, "headers": {"idempotency-key": "mine"}})
+    assert "key=mine" in own.output

@@ -113,6 +113,10 @@ def http_request(ctx: ToolContext) -> ToolResult:
     headers = dict(ctx.arguments.get("headers", {}))
     headers = {key: value for key, value in headers.items() if key.lower() != "host"}
     headers["Host"] = host if parts.port is None else f"{host}:{parts.port}"
+    # The step's key, the same on every retry: a server that honours Idempotency-Key applies a
+    # request the reviewer re-ran after a crash (in_doubt → retry) once. The model may set its own.
+    if ctx.idempotency_key and not any(key.lower() == "idempotency-key" for key in headers):
+        headers["Idempotency-Key"] = ctx.idempotency_key
     extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
     body = ctx.arguments.get("body")
     try:

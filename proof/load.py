@@ -1,0 +1,213 @@
+"""Load (issue 13, point 3): the JSON API at 100 requests/s, and live push to 220 clients.
+
+The stack of ``stack.py`` (daphne, engine and sandbox workers, the gateway, beat, the scripted
+model, a private Redis, a PostgreSQL database of the proof's own), then two parts:
+
+1. API: ``proof._apiload`` in a process of its own sends 100 requests/s open-loop for 60 s
+   (short: 20 s): 60 % reads, 20 % creates (a session whose turn asks for an approval), 20 %
+   decisions (approving those). Latency p50/p99 per kind, and errors (target 0). The floor in the
+   same run: the lightest read (one session by id).
+2. Live push: 200 WebSocket clients (4 per session) and 20 SSE clients subscribed to 50 sessions
+   whose turns run read-only tool steps without pause while the engine writes ≥ 50 events/s: latency
+   from the event's ``created_at`` (stamped in its transaction, just before the commit) to its
+   arrival at the client, p50/p99 (target p99 ≤ 50 ms), events lost after replay (target 0),
+   and the CPU of the web process (daphne).
+
+    python -m proof.load [--full]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+
+from proof._common import (
+    Result,
+    database_url,
+    django_setup,
+    drop_database,
+    machine,
+    percentile,
+    print_table,
+    print_verdicts,
+    recreate_database,
+)
+from proof.stack import PY, Stack, start_watchers
+from proof.world import world_setup
+
+RATE = 100.0
+PUSH_SESSIONS, WS_PER_SESSION, SSE_SESSIONS = 50, 4, 20
+TARGET_PUSH_P99_MS = 50.0
+TARGET_EVENTS_PER_S = 50.0
+PACE_MS = 1500
+
+
+def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
+    print(f"API: {RATE:.0f} requests/s for {seconds:.0f} s from another process (open loop)", flush=True)
+    out = subprocess.run([PY, "-m", "proof._apiload", stack.url, tokens["operator"], tokens["reviewer"], "load",
+                          str(RATE), str(seconds)], capture_output=True, text=True, timeout=seconds + 180,
+                         cwd=Path(__file__).resolve().parent.parent)
+    if out.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{out.stderr[-3000:]}")
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    every = [x for xs in report["latencies_ms"].values() for x in xs]
+    floor = percentile(report["latencies_ms"].get("read session", []), 50)
+    rows = []
+    for kind, xs in sorted(report["latencies_ms"].items()):
+        rows.append([kind, len(xs), f"{percentile(xs, 50):.1f}", f"{percentile(xs, 99):.1f}", f"{max(xs):.1f}",
+                     f"{percentile(xs, 50) / floor:.1f}x"])
+    rows.append(["all", len(every), f"{percentile(every, 50):.1f}", f"{percentile(every, 99):.1f}",
+                 f"{max(every):.1f}", f"{percentile(every, 50) / floor:.1f}x"])
+    print_table(["requests", "n", "p50 ms", "p99 ms", "max ms", "p50/floor"], rows)
+    achieved = report["sent"] / report["sent_for_s"]
+    errors = sum(report["errors"].values())
+    print(f"  sent {report['sent']} in {report['sent_for_s']:.1f} s ({achieved:.1f}/s); statuses "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(report["statuses"].items())))
+    if errors:
+        print("  errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(report["errors"].items())))
+    result.check(f"API at {RATE:.0f} requests/s: 0 errors", f"{errors} errors of {report['sent']}", errors == 0)
+    result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE)
+    result.check("API p99 reported (no target in the issue)", f"p50 {percentile(every, 50):.1f} ms, "
+                 f"p99 {percentile(every, 99):.1f} ms", True)
+
+
+def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
+    from django.db import close_old_connections
+
+    from sessions_app.models import AgentSession, Event
+
+    print(f"live push: {PUSH_SESSIONS * WS_PER_SESSION} WebSocket + {SSE_SESSIONS} SSE clients on "
+          f"{PUSH_SESSIONS} sessions, {seconds:.0f} s", flush=True)
+    http = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {tokens['operator']}"}, timeout=30)
+    ids = []
+    for n in range(PUSH_SESSIONS):
+        response = http.post("/api/sessions", json={"agent": "load", "title": f"push {n}"})
+        response.raise_for_status()
+        ids.append(response.json()["id"])
+    ws = start_watchers(stack.url, WS_PER_SESSION, 0)
+    sse = start_watchers(stack.url, 0, 1)
+    assert ws.stdin is not None and sse.stdin is not None
+    for n, sid in enumerate(ids):
+        ws.stdin.write(sid + "\n")
+        if n < SSE_SESSIONS:
+            sse.stdin.write(sid + "\n")
+    ws.stdin.flush()
+    sse.stdin.flush()
+    time.sleep(5)  # every client subscribed before the first event
+    # Each turn: read-only tool calls (each runs in the engine's tick), the model answering each
+    # after PACE_MS: about 50 sessions × 3 events / 1.6 s ≈ 90 events/s, enough to outlast the window.
+    steps = int(seconds / (PACE_MS / 1000)) + 20
+    script = "\n".join([f"push {uuid.uuid4().hex}"] + [f"sleep {PACE_MS}", 'tool list_files {"path": "."}'] * steps
+                        + ["say done"])
+    web = psutil.Process(stack.procs["web"].pid)
+    cpu_before = web.cpu_times()
+    started_at = time.time()
+    for sid in ids:
+        http.post(f"/api/sessions/{sid}/turns", json={"input": script}).raise_for_status()
+    time.sleep(seconds)
+    ended_at = time.time()
+    cpu_after = web.cpu_times()
+    for sid in ids:  # stop the work; the clients keep what they got
+        http.post(f"/api/sessions/{sid}/cancel")
+    time.sleep(2)
+    reports = []
+    for proc in (ws, sse):
+        assert proc.stdin is not None
+        proc.stdin.write("replay\n")
+        proc.stdin.flush()
+    time.sleep(3)
+    for proc in (ws, sse):
+        assert proc.stdin is not None
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    close_old_connections()
+    from datetime import UTC, datetime
+
+    window = Event.objects.filter(session_id__in=ids, created_at__gte=datetime.fromtimestamp(started_at, UTC),
+                                  created_at__lte=datetime.fromtimestamp(ended_at, UTC)).count()
+    rate = window / (ended_at - started_at)
+    last_seq = {str(k): v for k, v in AgentSession.objects.filter(pk__in=ids).values_list("id", "last_seq")}
+    clients = [c for r in reports for c in r["clients"]]
+    lost = sum(len(set(range(1, last_seq[c["session"]] + 1)) - set(c["seqs"])) for c in clients)
+    latencies: dict[str, list[float]] = {"ws": reports[0]["latencies_ms"], "sse": reports[1]["latencies_ms"]}
+    cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (ended_at - started_at)
+    rows = [[kind, len(xs), f"{percentile(xs, 50):.1f}", f"{percentile(xs, 99):.1f}", f"{max(xs):.1f}"]
+            for kind, xs in latencies.items() if xs]
+    print_table(["clients", "deliveries", "p50 ms", "p99 ms", "max ms"], rows)
+    every = latencies["ws"] + latencies["sse"]
+    p99 = percentile(every, 99)
+    print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
+          f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
+          f"lost after replay {lost}; web process CPU {cpu * 100:.0f} % of one core")
+    result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S)
+    result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
+                 f"p50 {percentile(every, 50):.1f} ms, p99 {p99:.1f} ms ({p99 / TARGET_PUSH_P99_MS:.2f}x the target)",
+                 p99 <= TARGET_PUSH_P99_MS)
+    result.check("0 events lost after replay", f"{lost} across {len(clients)} clients", lost == 0 and bool(clients))
+
+
+def run(full: bool = False) -> Result:
+    seconds_api, seconds_push = (60.0, 60.0) if full else (20.0, 20.0)
+    url = database_url(os.environ.get("PROOF_LOAD_DATABASE", "agentops_proof_load"))
+    result = Result("load")
+    print(f"load ({'full' if full else 'short'} size)")
+    print(f"  machine    {machine()}")
+    print(f"  database   {url} (created for this proof, dropped at the end)")
+    recreate_database(url)
+    workspaces = Path(tempfile.mkdtemp(prefix="agentops-proof-ws-", dir="/var/tmp"))
+    workspaces.chmod(0o711)
+    stack = Stack(database_url=url, workspaces=workspaces)
+    try:
+        django_setup(url)
+        from django.core.management import call_command
+        from django.db import connections
+
+        from tools_app.models import ToolDefinition
+
+        call_command("migrate", verbosity=0)
+        tokens = world_setup("load", "")
+        ToolDefinition.objects.filter(name="list_files").update(approval_mode="safe_readonly")
+        connections.close_all()
+        stack.start()
+        from sessions_app.models import AgentProfile
+
+        AgentProfile.objects.filter(slug="load").update(base_url=stack.model_url)
+        connections.close_all()
+        print(f"  stack      up: {', '.join(stack.procs)}; logs in {stack.logs}")
+        print()
+        _api_part(stack, tokens, seconds_api, result)
+        print()
+        _push_part(stack, tokens, seconds_push, result)
+    finally:
+        stack.stop()
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(url)
+        shutil.rmtree(workspaces, ignore_errors=True)
+        shutil.rmtree(str(workspaces) + "-artifacts", ignore_errors=True)
+    print()
+    print_verdicts(result)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="60 s of API load and of live push")
+    args = parser.parse_args()
+    raise SystemExit(0 if run(full=args.full).ok else 1)
+
+
+if __name__ == "__main__":
+    main()
+
