@@ -39,6 +39,16 @@ class AgentProfile(models.Model):
     max_model_calls = models.PositiveIntegerField(null=True, blank=True)
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     max_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Compaction (``sessions_app/engine/context.py``): before a model call whose prompt would cross
+    # ``compaction_threshold`` of the window, the older history is summarised; the last
+    # ``keep_recent_steps`` steps stay whole. No window: never compacted.
+    context_window = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="The context window in tokens; empty = never compact.")
+    compaction_threshold = models.FloatField(default=0.8,
+                                             help_text="Compact before a call whose prompt would cross this share "
+                                                       "of the window.")
+    keep_recent_steps = models.PositiveIntegerField(default=6,
+                                                    help_text="Steps kept whole in the prompt after a compaction.")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -53,6 +63,8 @@ class AgentProfile(models.Model):
                 & (Q(max_wall_seconds__isnull=True) | Q(max_wall_seconds__gte=0)),
                 name="agentprofile_budgets_non_negative",
             ),
+            models.CheckConstraint(condition=Q(compaction_threshold__gt=0) & Q(compaction_threshold__lte=1),
+                                   name="agentprofile_compaction_threshold_range"),
         ]
 
     def __str__(self) -> str:
@@ -216,6 +228,14 @@ SESSION_STATUS_OF_TURN = {
 class StepKind(models.TextChoices):
     MODEL = "model", "Model call"
     TOOL = "tool", "Tool call"
+    # A model call that summarises older history (``engine/compaction.py``): ``arguments`` holds
+    # the range it replaces and the estimate that asked for it, ``result`` the summary and the
+    # tokens before/after. Recovered like a model call.
+    COMPACTION = "compaction", "Compaction"
+
+
+# Steps that call the model: claimed with a lease by the gateway, retried after a crash.
+MODEL_KINDS = (StepKind.MODEL, StepKind.COMPACTION)
 
 
 class StepStatus(models.TextChoices):
@@ -261,7 +281,7 @@ class Step(StateMachine, models.Model):
     # No index of its own: step_unique_index (turn, index) serves it.
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, db_index=False, related_name="steps")
     index = models.PositiveIntegerField()
-    kind = models.CharField(max_length=8, choices=Kind.choices)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
     # Tool steps.
     tool_name = models.CharField(max_length=64, blank=True)

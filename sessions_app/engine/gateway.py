@@ -38,6 +38,7 @@ from django.db import connection
 
 from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
 from sessions_app.engine import llm
+from sessions_app.engine.compaction import compaction_record_atomic, compaction_request
 from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
 from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
 from sessions_app.engine.tool_steps import tool_step_execute
@@ -117,6 +118,8 @@ class Gateway:
             session_id = claimed.session.id
             if claimed.step.kind == Step.Kind.MODEL:
                 await self.model_steps_drive(claimed.step, deadline=started + INLINE_SECONDS)
+            elif claimed.step.kind == Step.Kind.COMPACTION:
+                await self.compaction_drive(claimed.step)
             else:
                 await self.db(tool_step_execute, claimed.step, claimed.approval, claimed.session)
 
@@ -140,6 +143,22 @@ class Gateway:
             finally:
                 self.held.pop(current.id, None)
             current = following
+
+    async def compaction_drive(self, step: Step) -> None:
+        """Call the model for a claimed compaction step and record its summary (no tools offered)."""
+        assert self.clients is not None
+        session, messages = await self.db(compaction_request, step)
+        self.held[step.id] = step.lease_owner
+        try:
+            try:
+                reply = await llm.call_model(clients=self.clients, profile=session.agent, messages=messages,
+                                             tools=[], sink=self._sink(step))
+            except llm.ModelCallFailed as exc:
+                await self.db(model_failure_record, step, exc)
+                return
+            await self.db(compaction_record_atomic, step, reply)
+        finally:
+            self.held.pop(step.id, None)
 
     def _sink(self, step: Step) -> llm.EventSink:
         async def record(type_: str, payload: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions_app.engine.budgets import Budget, budget_crossed
+from sessions_app.engine.context import OVERFLOW
 from sessions_app.models import Step, Turn
 
 
@@ -23,6 +24,8 @@ class Action(enum.Enum):
     FAIL_BUDGET = "fail_budget"      # the next call would cross a budget: fail the turn
     COMPLETE_TURN = "complete_turn"  # the model answered without tool calls: that is the output
     CLAIM_MODEL = "claim_model"      # call the model here (create the step, or claim the planned one)
+    COMPACT = "compact"              # plan a compaction step first (the prompt nears the window, or overflowed)
+    FAIL_CONTEXT = "fail_context"    # the prompt overflows the window and nothing is left to compact
     ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the model gateway (create the step first)
     CLAIM_TOOL = "claim_tool"        # run an approved in-process tool here
     ENQUEUE_TOOL = "enqueue_tool"    # hand an approved sandboxed tool to the sandbox queue
@@ -39,6 +42,8 @@ class StepState:
     leased: bool = False        # running under a lease (a worker holds it), not a client tool waiting
     in_process: bool = False    # a tool that runs in the engine's worker, without the sandbox queue
     content: str = ""           # a model step's text
+    kind: str = "model"         # for the last model step: a model call or a compaction
+    error_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class Snapshot:
     turn_seconds: float                   # how long the turn has run
     calls_models: bool = False            # this worker calls models (the model gateway)
     fresh: bool = True                    # within this worker's time for inline work (``tick.INLINE_SECONDS``)
+    context_tokens: int = 0               # the next prompt's estimate (``context.prompt_estimate``)
+    compact_at: int | None = None         # compact from this estimate on; None: no window, never
+    compactable: bool = False             # there is history older than the recent steps to replace
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class Decision:
     new_index: int | None = None          # the index of a model step to create
     budget: Budget | None = None
     output_text: str = ""
+    claim: bool = False                   # COMPACT: this worker calls the model (claim it) or enqueues it
+    reason: str = ""                      # COMPACT: "threshold" or "overflow"
 
 
 RUNNING, AWAITING, REQUIRES_ACTION = Turn.Status.RUNNING, Turn.Status.AWAITING_APPROVAL, Turn.Status.REQUIRES_ACTION
@@ -94,12 +104,23 @@ def next_action(s: Snapshot) -> Decision:
         return Decision(Action.WAIT, turn_status=REQUIRES_ACTION)
 
     # Every tool step has settled: the model speaks next, or its last answer is the output.
-    if model is not None and model.status == Step.Status.COMPLETED and not s.tools:
-        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=model.content)
+    call = model if model is not None and model.kind == Step.Kind.MODEL else None
+    if call is not None and call.status == Step.Status.COMPLETED and not s.tools:
+        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=call.content)
+    overflowed = call is not None and call.status == Step.Status.FAILED and call.error_code == OVERFLOW
+    if overflowed and not s.compactable:
+        return Decision(Action.FAIL_CONTEXT, turn_status=RUNNING)
     budget = budget_crossed(s.counters, s.turn_seconds, before="model")
     if budget:
         return Decision(Action.FAIL_BUDGET, turn_status=RUNNING, budget=budget)
     index = max([t.index for t in s.tools] + [model.index if model else -1]) + 1
+    # Compact before the call that would cross the threshold; never twice in a row (a summary
+    # that leaves the prompt big still lets the call go; the provider's overflow is handled above).
+    just_compacted = model is not None and model.kind == Step.Kind.COMPACTION
+    crossing = s.compact_at is not None and s.context_tokens >= s.compact_at
+    if overflowed or (crossing and s.compactable and not just_compacted):
+        return Decision(Action.COMPACT, turn_status=RUNNING, new_index=index,
+                        claim=_model_action(s) == Action.CLAIM_MODEL, reason="overflow" if overflowed else "threshold")
     return Decision(_model_action(s), turn_status=RUNNING, new_index=index)
 
 
