@@ -65,9 +65,10 @@ def compaction_request(step: Step) -> tuple[AgentSession, list[dict[str, Any]]]:
     """The session (with its agent) and the messages of a claimed compaction step's call."""
     session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
     start, through = tuple(step.arguments["start"]), tuple(step.arguments["through"])
+    own_turn = Turn.objects.values_list("index", flat=True).get(pk=step.turn_id)
     previous = (Step.objects.filter(session_id=step.session_id, kind=Step.Kind.COMPACTION,
                                     status=Step.Status.COMPLETED)
-                .filter(Q(turn__index__lt=start[0]) | Q(turn__index=start[0], index__lt=start[1]))
+                .filter(Q(turn__index__lt=own_turn) | Q(turn__index=own_turn, index__lt=step.index))
                 .order_by("-turn__index", "-index").values_list("result", flat=True).first())
     names: dict[str, str] = {}
     lines: list[str] = []
