@@ -26,6 +26,8 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/timeline/", session_views.session_timeline_view, name="session_timeline"),
     path("sessions/<uuid:session_id>/turns/", session_views.turn_submit_view, name="turn_submit"),
     path("sessions/<uuid:session_id>/cancel/", session_views.session_cancel_view, name="session_cancel"),
+    path("sessions/<uuid:session_id>/compact/", session_views.session_compact_view, name="session_compact"),
+    path("sessions/<uuid:session_id>/pinned/", session_views.session_pinned_view, name="session_pinned"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
          name="artifact_download"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),

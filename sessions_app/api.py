@@ -23,6 +23,7 @@ from sessions_app.schemas import (
     SessionCreateIn,
     SessionOut,
     SessionPageOut,
+    SessionPinnedIn,
     StepOut,
     ToolOut,
     ToolOutputIn,
@@ -30,6 +31,7 @@ from sessions_app.schemas import (
     TurnDetailOut,
     TurnOut,
 )
+from sessions_app.services import session_compact_request, session_pinned_update
 from tools_app.selectors import tool_definitions_enabled
 
 router = Router(tags=["sessions"])
@@ -40,6 +42,7 @@ def session_out(s: AgentSession) -> dict[str, Any]:
         "id": s.id, "agent": s.agent.slug, "owner": s.owner.get_username(), "title": s.title, "status": s.status,
         "pinned": {"requirements": s.requirements, "prohibitions": s.prohibitions,
                    "acceptance_criteria": s.acceptance_criteria},
+        "pinned_revision": s.pinned_revision, "compact_requested": s.compact_requested,
         "budget": {"max_tool_calls": s.max_tool_calls, "max_model_calls": s.max_model_calls,
                    "max_tokens": s.max_tokens, "max_wall_seconds": s.max_wall_seconds},
         "usage": {"tool_calls": s.tool_calls, "model_calls": s.model_calls, "prompt_tokens": s.prompt_tokens,
@@ -80,6 +83,24 @@ def session_cancel_api(request: AuthedRequest, session_id: str) -> dict[str, Any
     require_perm(request.user, OPERATE_SESSIONS)
     selectors.session_get(session_id)
     engine.session_cancel(session_id=session_id, actor=request.user)
+    return session_out(selectors.session_get(session_id))
+
+
+@router.post("/sessions/{session_id}/compact", response={202: SessionOut, **ERRORS})
+def session_compact_api(request: AuthedRequest, session_id: str) -> Status[dict[str, Any]]:
+    """Compact before the session's next model call (idempotent while one is pending)."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    session = selectors.session_get(session_id)
+    session_compact_request(session_id=session.id, actor=request.user)
+    return Status(202, session_out(selectors.session_get(session_id)))
+
+
+@router.put("/sessions/{session_id}/pinned", response={200: SessionOut, **ERRORS})
+def session_pinned_update_api(request: AuthedRequest, session_id: str, payload: SessionPinnedIn) -> dict[str, Any]:
+    """Edit the pinned context mid-session: the next model call sends the new one, verbatim."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    session = selectors.session_get(session_id)
+    session_pinned_update(session_id=session.id, actor=request.user, pinned=payload.dict(exclude_none=True))
     return session_out(selectors.session_get(session_id))
 
 

@@ -19,13 +19,16 @@ from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.models import Turn
 
-STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
+STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.")
+# Events of a step that do not carry a step prefix: the compaction card's outcome.
+STEP_TYPES = ("session.compacted",)
+NOTE_TYPES = selectors.NOTE_TYPES
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
 # Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
 SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
-                           r"|budget\.|session\.status_changed$)")
+                           r"|budget\.|session\.(status_changed|compacted|compact_requested)$)")
 
 
 def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
@@ -67,7 +70,7 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
 
 
 def _is_step_event(event: dict[str, Any]) -> bool:
-    return event["type"] != "model.delta" and event["type"].startswith(STEP_PREFIXES)
+    return event["type"] != "model.delta" and (event["type"].startswith(STEP_PREFIXES) or event["type"] in STEP_TYPES)
 
 
 def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
@@ -106,6 +109,9 @@ def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], tur
         ops.append(_op("upsert", "#artifacts", html, seq=seq, dom_id=f"artifact-{payload.get('artifact_id')}"))
     elif etype == "budget.exceeded" and turn_id:
         html = render_to_string("dashboard/_notice.html", {"event": event})
+        ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
+    elif etype in NOTE_TYPES and turn_id:
+        html = render_to_string("dashboard/_session_note.html", {"event": event})
         ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
     if _is_step_event(event) and step_id and str(step_id) in steps:
         sv = steps[str(step_id)]

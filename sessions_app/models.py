@@ -106,6 +106,11 @@ class AgentSession(StateMachine, models.Model):
     requirements = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
     prohibitions = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
     acceptance_criteria = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
+    # Bumped by every edit of the pinned context: a worker that holds the prompt in memory sees the
+    # change in what its next write returns and rebuilds the prompt (``record.SESSION_FIELDS``).
+    pinned_revision = models.PositiveIntegerField(default=0)
+    # An operator asked to compact: the next model call is preceded by a compaction (cleared by it).
+    compact_requested = models.BooleanField(default=False)
     metadata = models.JSONField(default=dict, blank=True)
     # Budgets copied from the profile at creation (and overridable per session).
     max_tool_calls = models.PositiveIntegerField(null=True, blank=True)

@@ -29,7 +29,7 @@ from sessions_app.engine.context import (
     content_text,
     messages_tokens,
 )
-from sessions_app.engine.prompt import build_messages, tool_result_text
+from sessions_app.engine.prompt import build_messages, system_prompt, tool_result_text
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step, Turn
@@ -73,14 +73,17 @@ def compaction_request(step: Step) -> tuple[AgentSession, list[dict[str, Any]]]:
     names: dict[str, str] = {}
     lines: list[str] = []
     turns = Turn.objects.filter(session_id=step.session_id, index__gte=start[0], index__lte=through[0])
+    in_range = (Q(turn__index__gt=start[0]) | Q(turn__index=start[0], index__gte=start[1])) & (
+        Q(turn__index__lt=through[0]) | Q(turn__index=through[0], index__lte=through[1]))
+    by_turn: dict[int, list[Step]] = {}
+    # Only the replaced range: a turn of a thousand steps is not read whole at every compaction.
+    for s in (Step.objects.filter(in_range, session_id=step.session_id, status__in=Step.SETTLED)
+              .exclude(kind=Step.Kind.COMPACTION).select_related("turn").order_by("index")):
+        by_turn.setdefault(s.turn.index, []).append(s)
     for index, text in turns.order_by("index").values_list("index", "input"):
         if start <= (index, -1) <= through:
             lines.append(f"### user (turn {index})\n{text}")
-        steps = (Step.objects.filter(turn__session_id=step.session_id, turn__index=index, status__in=Step.SETTLED)
-                 .exclude(kind=Step.Kind.COMPACTION).order_by("index"))
-        for s in steps:
-            if not start <= (index, s.index) <= through:
-                continue
+        for s in by_turn.get(index, []):
             if s.kind == Step.Kind.MODEL and s.status == Step.Status.COMPLETED and s.message:
                 for call in s.message.get("tool_calls") or []:
                     names[call["id"]] = call["function"]["name"]
@@ -92,7 +95,11 @@ def compaction_request(step: Step) -> tuple[AgentSession, list[dict[str, Any]]]:
                 lines.append(f"### tool {names.get(s.call_id, s.tool_name)} [{s.call_id}]\n{text}")
     prior = json.dumps((previous or {}).get("summary") or {}, ensure_ascii=False)
     user = f"Previous summary:\n{prior}\n\nTranscript to fold in:\n" + "\n\n".join(lines)
-    return session, [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": user}]
+    # The pinned context rides along verbatim, so the summary is written against it (and every
+    # request the agent makes carries it), but is never summarised: it stays in every prompt.
+    system = f"{INSTRUCTIONS}\n\nThe agent's own instructions and pinned context, for reference (never " \
+             f"summarise or restate them):\n{system_prompt(session)}"
+    return session, [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def summary_parse(text: str) -> dict[str, Any]:
@@ -127,7 +134,8 @@ def compaction_record(step: Step, reply: llm.ModelReply) -> bool:
         return False
     step.status, step.result = Step.Status.COMPLETED, result
     AgentSession.objects.filter(pk=step.session_id).update(
-        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
+        compact_requested=False, model_calls=F("model_calls") + 1,
+        prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
         completion_tokens=F("completion_tokens") + reply.completion_tokens)
     Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
                                                  completion_tokens=F("completion_tokens") + reply.completion_tokens)

@@ -58,6 +58,7 @@ class Snapshot:
     context_tokens: int = 0               # the next prompt's estimate (``context.prompt_estimate``)
     compact_at: int | None = None         # compact from this estimate on; None: no window, never
     compactable: bool = False             # there is history older than the recent steps to replace
+    compact_requested: bool = False       # an operator asked to compact now
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,10 @@ def next_action(s: Snapshot) -> Decision:
     # that leaves the prompt big still lets the call go; the provider's overflow is handled above).
     just_compacted = model is not None and model.kind == Step.Kind.COMPACTION
     crossing = s.compact_at is not None and s.context_tokens >= s.compact_at
-    if overflowed or (crossing and s.compactable and not just_compacted):
+    if overflowed or ((crossing or s.compact_requested) and s.compactable and not just_compacted):
+        reason = "overflow" if overflowed else "threshold" if crossing else "operator"
         return Decision(Action.COMPACT, turn_status=RUNNING, new_index=index,
-                        claim=_model_action(s) == Action.CLAIM_MODEL, reason="overflow" if overflowed else "threshold")
+                        claim=_model_action(s) == Action.CLAIM_MODEL, reason=reason)
     return Decision(_model_action(s), turn_status=RUNNING, new_index=index)
 
 

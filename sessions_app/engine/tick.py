@@ -58,12 +58,14 @@ class ContextView:
 
 def _context(session: AgentSession, last_model: Step | None, tools: list[Step]) -> ContextView:
     limit = compact_at(session.agent)
-    if limit is None or any(not t.is_settled for t in tools) or (
+    overflowed = last_model is not None and last_model.error_code == OVERFLOW
+    if (limit is None and not session.compact_requested and not overflowed) or any(
+            not t.is_settled for t in tools) or (
             last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING)):
         return ContextView(limit=limit)
     tokens = prompt_estimate(session.id, len(system_prompt(session)) + 6)
-    overflowed = last_model is not None and last_model.error_code == OVERFLOW
-    rng = compaction_range(session.id, session.agent.keep_recent_steps) if tokens >= limit or overflowed else None
+    wanted = overflowed or session.compact_requested or (limit is not None and tokens >= limit)
+    rng = compaction_range(session.id, session.agent.keep_recent_steps) if wanted else None
     return ContextView(tokens=tokens, limit=limit, range=rng)
 
 
@@ -73,7 +75,7 @@ def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools:
     return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
                     tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
                     calls_models=calls_models, fresh=fresh, context_tokens=context.tokens, compact_at=context.limit,
-                    compactable=context.range is not None)
+                    compactable=context.range is not None, compact_requested=session.compact_requested)
 
 
 def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bool = True,

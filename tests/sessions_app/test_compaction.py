@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.utils import timezone
 
+from approvals_app.services import approval_decide
 from scripted_model.server import ScriptedModelServer, start_in_thread
 from sessions_app.engine import llm
 from sessions_app.engine.commands import session_start, turn_submit
@@ -27,9 +28,9 @@ from sessions_app.engine.prompt import SUMMARY_HEADER, build_messages, system_pr
 from sessions_app.engine.recovery import sweep
 from sessions_app.engine.tick import turn_tick
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
-from sessions_app.services import session_create, turn_create
+from sessions_app.services import session_compact_request, session_create, session_pinned_update, turn_create
 from tests import factories
-from tests.helpers import assert_gap_free, finished, tool
+from tests.helpers import api_client, assert_gap_free, finished, login, pending_approvals, tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,7 +112,7 @@ def test_compaction_keeps_every_request_under_the_window_with_pinned_context_ver
     # Without compaction the last call would have carried ten files (~10k tokens): over the window.
     assert max(e.prompt_tokens for e in chats) < WINDOW * 0.8 + 1100
     pinned = [item for items in PINNED.values() for item in items]
-    assert all(all(item in e.system for item in pinned) for e in chats)
+    assert all(all(item in e.system for item in pinned) for e in sent)  # the compactions' too
     assert all(COMPACTION_MARKER in e.system for e in compactions)
 
     steps = list(Step.objects.filter(turn=turn, kind="compaction").order_by("index"))
@@ -298,3 +299,116 @@ def test_compaction_with_real_workers_across_turns(
     assert all(e.status == 200 and e.prompt_tokens <= WINDOW for e in sent)
     assert Step.objects.filter(session=session, kind="compaction", status="completed").count() >= 2
     assert_gap_free(session.id)
+
+
+# --- operators: compact now, edit the pinned context -------------------------------------------
+
+
+def test_compaction_operator_compact_now_api_then_the_next_turn_compacts_first(
+        windowed_model: ScriptedModelServer, owner: User, reviewer: User) -> None:
+    agent = _agent(windowed_model, context_window=None)  # no window: only the operator asks
+    first = _drive(agent, owner, "\n".join([tool("read_file", path="big.txt")] * 3 + ["say one"]))
+    assert first.status == "completed"
+    session_id = first.session_id
+    assert api_client(reviewer).post(f"/api/sessions/{session_id}/compact").status_code == 403
+    api = api_client(owner)
+    response = api.post(f"/api/sessions/{session_id}/compact")
+    assert response.status_code == 202 and response.json()["compact_requested"] is True
+    assert api.post(f"/api/sessions/{session_id}/compact").status_code == 202  # a replay: one request
+    assert Event.objects.filter(session_id=session_id, type="session.compact_requested").count() == 1
+    after = windowed_model.request_log.last_seq
+    second = turn_create(session_id=session_id, input="say two", actor=owner)
+    _run(second.id)
+    second = Turn.objects.get(pk=second.pk)
+    assert second.status == "completed" and second.output_text == "two"
+    assert [e.purpose for e in _sent(windowed_model, after)] == ["compaction", "chat"]
+    (step,) = Step.objects.filter(session_id=session_id, kind="compaction")
+    assert step.turn_id == second.id and step.index == 0 and step.arguments["reason"] == "operator"
+    session = AgentSession.objects.get(pk=session_id)
+    assert session.compact_requested is False
+    assert api.get(f"/api/sessions/{session_id}").json()["compact_requested"] is False
+
+
+def test_compaction_operator_edits_pinned_context_mid_session(
+        windowed_model: ScriptedModelServer, owner: User, workers: None) -> None:
+    """The real gateway and worker: a turn waits for an approval, the operator edits the pinned
+    context, the reviewer approves; the next model call carries the new pinned items verbatim."""
+    agent = _agent(windowed_model, context_window=None)
+    session, turn = session_start(agent=agent, owner=owner, title="pinned", pinned=PINNED, input="\n".join([
+        tool("write_file", path="notes.txt", content="x"), "say written"]))
+    assert turn is not None
+    (approval,) = pending_approvals(turn)
+    api = api_client(owner)
+    body = {"requirements": ["Ship behind the flag NEW-REQ-1."], "prohibitions": ["Do not email customers NEW-PRO-2."]}
+    response = api.put(f"/api/sessions/{session.id}/pinned", body, content_type="application/json")
+    assert response.status_code == 200, response.content
+    out = response.json()
+    assert out["pinned"] == {**body, "acceptance_criteria": PINNED["acceptance_criteria"]}
+    assert out["pinned_revision"] == 1
+    again = api.put(f"/api/sessions/{session.id}/pinned", body, content_type="application/json")
+    assert again.json()["pinned_revision"] == 1  # the same values: no change, no event
+    (changed,) = Event.objects.filter(session=session, type="session.pinned_changed")
+    assert changed.turn_id == turn.id
+    assert changed.payload["before"]["requirements"] == PINNED["requirements"]
+    assert changed.payload["after"]["requirements"] == body["requirements"] and changed.payload["by"] == owner.username
+    after = windowed_model.request_log.last_seq
+    approval_decide(request_id=approval.request_id, actor=factories.user("rita", groups=["reviewers"]),
+                    decision="approve")
+    assert finished(turn).status == "completed"
+    (next_call,) = _sent(windowed_model, after)
+    assert "NEW-REQ-1" in next_call.system and "NEW-PRO-2" in next_call.system
+    assert "REQ-7f3a" not in next_call.system and "ACC-5d10" in next_call.system
+    bad = api.put(f"/api/sessions/{session.id}/pinned", {"goals": ["x"]}, content_type="application/json")
+    assert bad.status_code in (400, 422)
+
+
+def test_compaction_pinned_edit_inline_worker_rebuilds_its_prompt(
+        windowed_model: ScriptedModelServer, owner: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker running read-only calls inline holds the prompt in memory: an edit made meanwhile
+    reaches the very next call (the write returns a new pinned_revision, the tick takes over)."""
+    agent = _agent(windowed_model, context_window=None)
+    session = session_create(agent=agent, owner=owner, title="inline edit", pinned=PINNED)
+    turn = turn_create(session_id=session.id, input="\n".join([tool("list_files", path=".")] * 3 + ["say ok"]),
+                       actor=owner)
+    original = llm.call_model
+    calls = 0
+
+    async def edit_during_first_call(**kwargs: Any) -> llm.ModelReply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            session_pinned_update(session_id=session.id, actor=owner, pinned={"requirements": ["EDITED-REQ"]})
+        return await original(**kwargs)
+
+    monkeypatch.setattr(llm, "call_model", edit_during_first_call)
+    after = windowed_model.request_log.last_seq
+    _run(turn.id)
+    assert Turn.objects.get(pk=turn.pk).status == "completed"
+    sent = _sent(windowed_model, after)
+    assert len(sent) == 4
+    assert "REQ-7f3a" in sent[0].system
+    assert all("EDITED-REQ" in e.system and "REQ-7f3a" not in e.system for e in sent[1:])
+
+
+def test_compaction_card_and_pinned_note_on_the_session_page(
+        windowed_model: ScriptedModelServer, owner: User) -> None:
+    agent = _agent(windowed_model)
+    turn = _drive(agent, owner, "\n".join([tool("read_file", path="big.txt")] * 6 + ["say done"]))
+    session_pinned_update(session_id=turn.session_id, actor=owner, pinned={"prohibitions": ["NOTE-PRO-9"]})
+    session_compact_request(session_id=turn.session_id, actor=owner)
+    page = login(owner).get(f"/sessions/{turn.session_id}/").content.decode()
+    step = Step.objects.filter(turn=turn, kind="compaction").first()
+    assert step is not None and step.result is not None
+    assert f'id="step-{step.id}"' in page and "Compaction" in page
+    assert f"{step.result['tokens_before']} → {step.result['tokens_after']} tokens" in page
+    assert "<details class=\"summary\">" in page and "big.txt" in page  # the summary, expandable
+    assert "session.pinned_changed" in page and "NOTE-PRO-9" in page
+    assert "Compaction pending" in page and "Edit pinned context" in page
+    client = login(owner)
+    response = client.post(f"/sessions/{turn.session_id}/pinned/", {
+        "requirements": "one\ntwo", "prohibitions": "", "acceptance_criteria": "done when green"})
+    assert response.status_code == 302
+    session = AgentSession.objects.get(pk=turn.session_id)
+    assert (session.requirements, session.prohibitions, session.acceptance_criteria) == (
+        ["one", "two"], [], ["done when green"])
+    assert session.pinned_revision == 2

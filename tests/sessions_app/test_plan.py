@@ -28,10 +28,11 @@ def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, i
 def snap(turn: str = "running", last_model: StepState | None = None, tools: tuple[StepState, ...] = (),
          counters: dict[str, Any] | None = None, turn_seconds: float = 1.0, calls_models: bool = False,
          fresh: bool = True, context_tokens: int = 0, compact_at: int | None = None,
-         compactable: bool = False) -> Snapshot:
+         compactable: bool = False, compact_requested: bool = False) -> Snapshot:
     return Snapshot(turn_status=turn, last_model=last_model, tools=tools, counters=counters or NO_BUDGETS,
                     turn_seconds=turn_seconds, calls_models=calls_models, fresh=fresh, context_tokens=context_tokens,
-                    compact_at=compact_at, compactable=compactable)
+                    compact_at=compact_at, compactable=compactable,
+                    compact_requested=compact_requested)
 
 
 def budgets(**limits: int) -> dict[str, Any]:
@@ -169,6 +170,14 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
      snap("running", model("failed", index=3, error_code="context_length_exceeded"), calls_models=True,
           context_tokens=100, compact_at=800, compactable=True),
      Decision(Action.COMPACT, turn_status="running", new_index=4, claim=True, reason="overflow")),
+    ("an operator asked to compact: before the next call, window or not",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),), calls_models=True,
+          context_tokens=10, compact_at=None, compactable=True, compact_requested=True),
+     Decision(Action.COMPACT, turn_status="running", new_index=2, claim=True, reason="operator")),
+    ("an operator's request with nothing to compact: the call goes on",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+          compactable=False, compact_requested=True),
+     Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
     ("too long and nothing left to compact: fail with a clear code",
      snap("running", model("failed", index=3, error_code="context_length_exceeded"),
           context_tokens=100, compact_at=800, compactable=False),
