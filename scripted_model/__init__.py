@@ -20,7 +20,9 @@ roles, text, tool-call names and arguments; the same estimate agentops uses, and
 as `usage.prompt_tokens`) with OpenAI's 400 `context_length_exceeded`. A request whose system
 message carries `[[agentops:compaction]]` gets a deterministic JSON summary of its transcript;
 its `script_position` (lines of the current turn that the summary folded away) keeps the script
-position when a later request carries that summary after the latest user message.
+position when a later request carries that summary after the latest user message. A request
+marked `[[agentops:verification]]` gets deterministic verdicts: a numbered acceptance criterion is
+met when its key (the text between backticks, else the whole criterion) occurs in the result.
 
 Modules, by concern: `script` (parsing the lines above), `demo`, `planner` (reading the
 conversation, choosing the reply), `protocol` (the OpenAI wire format), `server` (HTTP) and

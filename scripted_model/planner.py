@@ -219,16 +219,35 @@ def compaction_summary(messages: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def verification_verdicts(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The deterministic verdicts of a verification request: a criterion is met when its key (the
+    text between backticks in it, else the whole criterion) occurs in the result, ignoring case."""
+    user = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    head, _, result = user.partition("The turn's result:")
+    lines = [line.strip() for line in head.partition("Acceptance criteria:")[2].splitlines()]
+    criteria = [re.sub(r"^\d+\.\s*", "", line) for line in lines if re.match(r"^\d+\.", line)]
+    verdicts = []
+    for criterion in criteria:
+        quoted = re.findall(r"`([^`]+)`", criterion)
+        key = quoted[0] if quoted else criterion
+        met = key.lower() in result.lower()
+        evidence = f"{key!r} {'appears' if met else 'does not appear'} in the result"
+        verdicts.append({"criterion": criterion, "met": met, "evidence": evidence})
+    return {"verdicts": verdicts}
+
+
 def plan_reply(messages: list[dict[str, Any]]) -> Reply:
     """Decide the model's answer to a conversation. Pure: the same messages give the same reply."""
     latest_user = _latest_user_index(messages)
     script_text = latest_user_text(messages)
     digest = conversation_hash(messages)
     chars = prompt_chars(messages)
-    if request_purpose(messages) == "compaction":
-        text = json.dumps(compaction_summary(messages), sort_keys=True)
+    purpose = request_purpose(messages)
+    if purpose in ("compaction", "verification"):
+        answer = compaction_summary(messages) if purpose == "compaction" else verification_verdicts(messages)
+        text = json.dumps(answer, sort_keys=True)
         return Reply(text=text, tool_calls=(), finish_reason="stop", prompt_tokens=_estimate_tokens(chars),
-                     completion_tokens=_estimate_tokens(len(text)), position_key=f"{digest}:compaction",
+                     completion_tokens=_estimate_tokens(len(text)), position_key=f"{digest}:{purpose}",
                      response_id=f"chatcmpl-{digest[:24]}")
     position = sum(1 for m in messages[latest_user + 1 :] if m.get("role") == "assistant")
     position += _summary_position(messages, latest_user)

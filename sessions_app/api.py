@@ -43,6 +43,7 @@ def session_out(s: AgentSession) -> dict[str, Any]:
         "pinned": {"requirements": s.requirements, "prohibitions": s.prohibitions,
                    "acceptance_criteria": s.acceptance_criteria},
         "pinned_revision": s.pinned_revision, "compact_requested": s.compact_requested,
+        "criteria_unmet": s.criteria_unmet,
         "budget": {"max_tool_calls": s.max_tool_calls, "max_model_calls": s.max_model_calls,
                    "max_tokens": s.max_tokens, "max_wall_seconds": s.max_wall_seconds},
         "usage": {"tool_calls": s.tool_calls, "model_calls": s.model_calls, "prompt_tokens": s.prompt_tokens,

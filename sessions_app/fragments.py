@@ -19,9 +19,9 @@ from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.models import Turn
 
-STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.")
-# Events of a step that do not carry a step prefix: the compaction card's outcome.
-STEP_TYPES = ("session.compacted",)
+STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.", "verification.")
+# Events of a step that do not carry a step prefix: the compaction and verification cards' outcomes.
+STEP_TYPES = ("session.compacted", "turn.verified")
 NOTE_TYPES = selectors.NOTE_TYPES
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")

@@ -49,6 +49,8 @@ class AgentProfile(models.Model):
                                                        "of the window.")
     keep_recent_steps = models.PositiveIntegerField(default=6,
                                                     help_text="Steps kept whole in the prompt after a compaction.")
+    verification_rounds = models.PositiveIntegerField(
+        default=2, help_text="Re-work rounds after a verification finds acceptance criteria unmet.")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -111,6 +113,8 @@ class AgentSession(StateMachine, models.Model):
     pinned_revision = models.PositiveIntegerField(default=0)
     # An operator asked to compact: the next model call is preceded by a compaction (cleared by it).
     compact_requested = models.BooleanField(default=False)
+    # The last completed turn ended with acceptance criteria unmet (its verdicts are on the turn).
+    criteria_unmet = models.BooleanField(default=False)
     metadata = models.JSONField(default=dict, blank=True)
     # Budgets copied from the profile at creation (and overridable per session).
     max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
@@ -187,6 +191,10 @@ class Turn(StateMachine, models.Model):
     input = models.TextField()
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
     output_text = models.TextField(blank=True)
+    # The verification's per-criterion verdicts ({criterion, met, evidence}) of the final answer;
+    # ``criteria_unmet``: the turn completed with some unmet after its re-work rounds.
+    verdicts = models.JSONField(null=True, blank=True)
+    criteria_unmet = models.BooleanField(default=False)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     retryable = models.BooleanField(default=False)
@@ -237,10 +245,13 @@ class StepKind(models.TextChoices):
     # the range it replaces and the estimate that asked for it, ``result`` the summary and the
     # tokens before/after. Recovered like a model call.
     COMPACTION = "compaction", "Compaction"
+    # A model call that judges the turn's answer against the acceptance criteria
+    # (``engine/verification.py``): ``arguments`` the answer and the round, ``result`` the verdicts.
+    VERIFICATION = "verification", "Verification"
 
 
 # Steps that call the model: claimed with a lease by the gateway, retried after a crash.
-MODEL_KINDS = (StepKind.MODEL, StepKind.COMPACTION)
+MODEL_KINDS = (StepKind.MODEL, StepKind.COMPACTION, StepKind.VERIFICATION)
 
 
 class StepStatus(models.TextChoices):

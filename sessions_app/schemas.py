@@ -51,6 +51,7 @@ class SessionOut(Schema):
     pinned: dict[str, list[str]]
     pinned_revision: int
     compact_requested: bool
+    criteria_unmet: bool
     budget: dict[str, int | None]
     usage: UsageOut
     metadata: dict[str, Any]
@@ -83,6 +84,8 @@ class TurnOut(Schema):
     input: str
     status: str
     output_text: str
+    verdicts: list[dict[str, Any]] | None
+    criteria_unmet: bool
     error_code: str
     error_message: str
     retryable: bool

@@ -113,6 +113,8 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
         payload.update(error_code=turn.error_code, error_message=turn.error_message, retryable=turn.retryable)
     if to == Turn.Status.COMPLETED:
         payload["output_text"] = turn.output_text
+        if turn.verdicts is not None:
+            payload.update(verdicts=turn.verdicts, criteria_unmet=turn.criteria_unmet)
     event_type = "turn.started" if to == Turn.Status.RUNNING else f"turn.{to}"
     event_record(session_id=turn.session_id, turn_id=turn.id, type=event_type, payload=payload)
     _session_follow(turn)

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from sessions_app.models import MODEL_KINDS, AgentProfile, Step, Turn
+from sessions_app.models import AgentProfile, Step, Turn
 
 CHARS_PER_TOKEN = 4
 OVERFLOW = "context_length_exceeded"  # the provider's code for a prompt over its window
@@ -88,7 +88,9 @@ def prompt_estimate(session_id: Any, system_chars: int) -> int:
     the length of the session."""
     from sessions_app.engine.prompt import tool_result_text
 
-    basis = (Step.objects.filter(session_id=session_id, kind__in=MODEL_KINDS, status=Step.Status.COMPLETED)
+    # A verification is a call of its own, not the agent's prompt: never the basis.
+    basis = (Step.objects.filter(session_id=session_id, kind__in=(Step.Kind.MODEL, Step.Kind.COMPACTION),
+                                 status=Step.Status.COMPLETED)
              .order_by("-turn__index", "-index").select_related("turn")
              .only("kind", "index", "message", "prompt_tokens", "result", "turn__index").first())
     if basis is None:

@@ -42,6 +42,7 @@ from sessions_app.engine.compaction import compaction_record_atomic, compaction_
 from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
 from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
 from sessions_app.engine.tool_steps import tool_step_execute
+from sessions_app.engine.verification import verification_record_atomic, verification_request
 from sessions_app.events import event_record
 from sessions_app.models import Step
 from sessions_app.selectors import turn_id_of_step
@@ -119,7 +120,9 @@ class Gateway:
             if claimed.step.kind == Step.Kind.MODEL:
                 await self.model_steps_drive(claimed.step, deadline=started + INLINE_SECONDS)
             elif claimed.step.kind == Step.Kind.COMPACTION:
-                await self.compaction_drive(claimed.step)
+                await self.side_call_drive(claimed.step, compaction_request, compaction_record_atomic)
+            elif claimed.step.kind == Step.Kind.VERIFICATION:
+                await self.side_call_drive(claimed.step, verification_request, verification_record_atomic)
             else:
                 await self.db(tool_step_execute, claimed.step, claimed.approval, claimed.session)
 
@@ -144,10 +147,12 @@ class Gateway:
                 self.held.pop(current.id, None)
             current = following
 
-    async def compaction_drive(self, step: Step) -> None:
-        """Call the model for a claimed compaction step and record its summary (no tools offered)."""
+    async def side_call_drive(self, step: Step, request: Callable[[Step], tuple[Any, list[dict[str, Any]]]],
+                              record: Callable[[Step, llm.ModelReply], bool]) -> None:
+        """Call the model for a claimed compaction or verification step and record what it says
+        (no tools offered): ``request`` builds the call, ``record`` writes it (lease holder only)."""
         assert self.clients is not None
-        session, messages = await self.db(compaction_request, step)
+        session, messages = await self.db(request, step)
         self.held[step.id] = step.lease_owner
         try:
             try:
@@ -156,7 +161,7 @@ class Gateway:
             except llm.ModelCallFailed as exc:
                 await self.db(model_failure_record, step, exc)
                 return
-            await self.db(compaction_record_atomic, step, reply)
+            await self.db(record, step, reply)
         finally:
             self.held.pop(step.id, None)
 

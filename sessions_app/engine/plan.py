@@ -26,6 +26,7 @@ class Action(enum.Enum):
     CLAIM_MODEL = "claim_model"      # call the model here (create the step, or claim the planned one)
     COMPACT = "compact"              # plan a compaction step first (the prompt nears the window, or overflowed)
     FAIL_CONTEXT = "fail_context"    # the prompt overflows the window and nothing is left to compact
+    VERIFY = "verify"                # plan a verification of the answer against the acceptance criteria
     ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the model gateway (create the step first)
     CLAIM_TOOL = "claim_tool"        # run an approved in-process tool here
     ENQUEUE_TOOL = "enqueue_tool"    # hand an approved sandboxed tool to the sandbox queue
@@ -42,8 +43,9 @@ class StepState:
     leased: bool = False        # running under a lease (a worker holds it), not a client tool waiting
     in_process: bool = False    # a tool that runs in the engine's worker, without the sandbox queue
     content: str = ""           # a model step's text
-    kind: str = "model"         # for the last model step: a model call or a compaction
+    kind: str = "model"         # for the last model step: a model call, a compaction or a verification
     error_code: str = ""
+    met: bool = False           # a verification: every criterion met
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class Snapshot:
     compact_at: int | None = None         # compact from this estimate on; None: no window, never
     compactable: bool = False             # there is history older than the recent steps to replace
     compact_requested: bool = False       # an operator asked to compact now
+    has_criteria: bool = False            # the session has acceptance criteria: answers are verified
+    unmet_rounds: int = 0                 # this turn's verifications that found criteria unmet
+    max_rework: int = 2                   # re-work rounds allowed after an unmet verification
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ class Decision:
     budget: Budget | None = None
     output_text: str = ""
     claim: bool = False                   # COMPACT: this worker calls the model (claim it) or enqueues it
-    reason: str = ""                      # COMPACT: "threshold" or "overflow"
+    reason: str = ""                      # COMPACT: "threshold", "overflow" or "operator"
+    criteria_unmet: bool = False          # COMPLETE_TURN: after its re-work rounds, criteria still unmet
 
 
 RUNNING, AWAITING, REQUIRES_ACTION = Turn.Status.RUNNING, Turn.Status.AWAITING_APPROVAL, Turn.Status.REQUIRES_ACTION
@@ -107,7 +113,15 @@ def next_action(s: Snapshot) -> Decision:
     # Every tool step has settled: the model speaks next, or its last answer is the output.
     call = model if model is not None and model.kind == Step.Kind.MODEL else None
     if call is not None and call.status == Step.Status.COMPLETED and not s.tools:
+        if s.has_criteria:  # judged before it completes the turn (a verification is a model call)
+            return Decision(Action.VERIFY, turn_status=RUNNING, new_index=call.index + 1,
+                            claim=_model_action(s) == Action.CLAIM_MODEL, output_text=call.content)
         return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=call.content)
+    verified = model is not None and model.kind == Step.Kind.VERIFICATION and model.status == Step.Status.COMPLETED
+    if verified and model is not None and (model.met or s.unmet_rounds > s.max_rework):
+        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=model.content,
+                        criteria_unmet=not model.met)
+    # Unmet, rounds left: back to work; the verdicts are in its prompt (``verification_message``).
     overflowed = call is not None and call.status == Step.Status.FAILED and call.error_code == OVERFLOW
     if overflowed and not s.compactable:
         return Decision(Action.FAIL_CONTEXT, turn_status=RUNNING)

@@ -71,6 +71,7 @@ def build_messages(session: AgentSession, *, cut: Cut | None = None, latest: boo
     steps_by_turn: dict[uuid.UUID, list[Step]] = {}
     # Only the columns the prompt needs: this runs before every model call.
     fields = ("id", "turn_id", "index", "kind", "status", "call_id", "message", "result")
+    from sessions_app.engine.verification import verification_message
     for step in Step.objects.filter(step_filter).only(*fields).order_by("index"):
         steps_by_turn.setdefault(step.turn_id, []).append(step)
     if cut is not None:
@@ -86,4 +87,7 @@ def build_messages(session: AgentSession, *, cut: Cut | None = None, latest: boo
                 messages.append(step.message)
             elif step.kind == Step.Kind.TOOL:
                 messages.append(tool_message(step))
+            elif (step.kind == Step.Kind.VERIFICATION and step.status == Step.Status.COMPLETED
+                  and not (step.result or {}).get("all_met")):
+                messages.append(verification_message(step))
     return messages

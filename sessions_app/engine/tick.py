@@ -9,6 +9,7 @@ again; the model gateway drives turns the same way around its model calls (``gat
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -40,11 +41,13 @@ class Claimed:
 
 
 def _state(step: Step) -> StepState:
+    verification = step.kind == Step.Kind.VERIFICATION
+    content = (step.arguments or {}).get("answer") if verification else (step.message or {}).get("content")
     return StepState(id=step.id, index=step.index, status=step.status,
                      leased=step.lease_expires_at is not None,
                      in_process=step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
-                     content=str((step.message or {}).get("content") or ""), kind=step.kind,
-                     error_code=step.error_code)
+                     content=str(content or ""), kind=step.kind, error_code=step.error_code,
+                     met=bool(verification and (step.result or {}).get("all_met")))
 
 
 @dataclass
@@ -75,7 +78,17 @@ def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools:
     return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
                     tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
                     calls_models=calls_models, fresh=fresh, context_tokens=context.tokens, compact_at=context.limit,
-                    compactable=context.range is not None, compact_requested=session.compact_requested)
+                    compactable=context.range is not None, compact_requested=session.compact_requested,
+                    has_criteria=bool(session.acceptance_criteria), unmet_rounds=_unmet_rounds(turn, last_model),
+                    max_rework=session.agent.verification_rounds)
+
+
+def _unmet_rounds(turn: Turn, last_model: Step | None) -> int:
+    """This turn's verifications that found criteria unmet (read only after one)."""
+    if last_model is None or last_model.kind != Step.Kind.VERIFICATION:
+        return 0
+    return Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION, status=Step.Status.COMPLETED,
+                               result__all_met=False).count()
 
 
 def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bool = True,
@@ -103,6 +116,11 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
             if decision.action == Action.COMPACT:
                 assert context.range is not None
                 return _compact(decision, turn, session, context)
+            if decision.action == Action.VERIFY:
+                assert decision.new_index is not None
+                rounds = Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION).count()
+                return _side_call(decision, turn, session, Step.Kind.VERIFICATION,
+                                  {"answer": decision.output_text, "round": rounds + 1})
             if decision.action != Action.GATE_TOOLS:
                 return _apply(decision, turn, session, last_model, tools)
             for step in tools:
@@ -112,15 +130,22 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
 
 def _compact(decision: Decision, turn: Turn, session: AgentSession, context: ContextView) -> Claimed | None:
     """Plan a compaction step with the range it replaces; call it here or hand it to the gateway."""
-    assert context.range is not None and decision.new_index is not None
-    step = Step.objects.create(session=session, turn=turn, index=decision.new_index, kind=Step.Kind.COMPACTION,
-                               arguments=compaction_arguments(context.range, tokens_before=context.tokens,
-                                                              reason=decision.reason))
+    assert context.range is not None
+    return _side_call(decision, turn, session, Step.Kind.COMPACTION,
+                      compaction_arguments(context.range, tokens_before=context.tokens, reason=decision.reason))
+
+
+def _side_call(decision: Decision, turn: Turn, session: AgentSession, kind: str,
+               arguments: dict[str, Any]) -> Claimed | None:
+    """Plan a compaction or verification step (a model call with its input fixed in ``arguments``,
+    so a re-run after a crash asks the same); call it here or hand it to the gateway."""
+    assert decision.new_index is not None
+    step = Step.objects.create(session=session, turn=turn, index=decision.new_index, kind=kind, arguments=arguments)
     if not decision.claim:
         dispatch.model_call_enqueue(step.id)
         return None
     claimed = step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
-                         event_type="compaction.started", known=step)
+                         event_type=f"{kind}.started", known=step)
     return Claimed(claimed, session) if claimed else None
 
 
@@ -140,8 +165,13 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
             turn_fail_budget(turn_id=turn.id, session_id=session.id, budget=decision.budget)
             return None
         case Action.COMPLETE_TURN:
+            verified = last_model is not None and last_model.kind == Step.Kind.VERIFICATION
+            verdicts = (last_model.result or {}).get("verdicts") if verified and last_model else None
             turn_transition(turn_id=turn.id, session_id=session.id, to=Turn.Status.COMPLETED,
-                            output_text=decision.output_text)
+                            output_text=decision.output_text, verdicts=verdicts,
+                            criteria_unmet=decision.criteria_unmet)
+            if session.criteria_unmet != decision.criteria_unmet:
+                AgentSession.objects.filter(pk=session.id).update(criteria_unmet=decision.criteria_unmet)
             return None
         case Action.CLAIM_MODEL:
             if decision.step_id is None:
@@ -151,7 +181,7 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
                                            event_type="model.started")
                 return Claimed(step, session)
             assert last_model is not None
-            started = "compaction.started" if last_model.kind == Step.Kind.COMPACTION else "model.started"
+            started = f"{last_model.kind}.started"
             claimed = step_claim(step_id=last_model.id, from_status=Step.Status.PLANNED,
                                  lease_seconds=llm.model_lease_seconds(), event_type=started, known=last_model)
             return Claimed(claimed, session) if claimed else None

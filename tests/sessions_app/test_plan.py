@@ -16,9 +16,10 @@ M = uuid.UUID(int=1)
 T1, T2, T3 = uuid.UUID(int=11), uuid.UUID(int=12), uuid.UUID(int=13)
 
 
-def model(status: str, *, index: int = 0, content: str = "", kind: str = "model", error_code: str = "") -> StepState:
+def model(status: str, *, index: int = 0, content: str = "", kind: str = "model", error_code: str = "",
+          met: bool = False) -> StepState:
     return StepState(id=M, index=index, status=status, leased=status == "running", content=content, kind=kind,
-                     error_code=error_code)
+                     error_code=error_code, met=met)
 
 
 def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, in_process: bool = False) -> StepState:
@@ -28,11 +29,13 @@ def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, i
 def snap(turn: str = "running", last_model: StepState | None = None, tools: tuple[StepState, ...] = (),
          counters: dict[str, Any] | None = None, turn_seconds: float = 1.0, calls_models: bool = False,
          fresh: bool = True, context_tokens: int = 0, compact_at: int | None = None,
-         compactable: bool = False, compact_requested: bool = False) -> Snapshot:
+         compactable: bool = False, compact_requested: bool = False, has_criteria: bool = False,
+         unmet_rounds: int = 0, max_rework: int = 2) -> Snapshot:
     return Snapshot(turn_status=turn, last_model=last_model, tools=tools, counters=counters or NO_BUDGETS,
                     turn_seconds=turn_seconds, calls_models=calls_models, fresh=fresh, context_tokens=context_tokens,
                     compact_at=compact_at, compactable=compactable,
-                    compact_requested=compact_requested)
+                    compact_requested=compact_requested, has_criteria=has_criteria, unmet_rounds=unmet_rounds,
+                    max_rework=max_rework)
 
 
 def budgets(**limits: int) -> dict[str, Any]:
@@ -178,6 +181,24 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
      snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
           compactable=False, compact_requested=True),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
+    # Verification: an answer is judged against the acceptance criteria before the turn completes.
+    ("final answer with acceptance criteria: verify it first",
+     snap("running", model("completed", index=4, content="done"), calls_models=True, has_criteria=True),
+     Decision(Action.VERIFY, turn_status="running", new_index=5, claim=True, output_text="done")),
+    ("verification running: wait", snap("running", model("running", index=5, kind="verification"),
+                                        has_criteria=True), Decision(Action.WAIT)),
+    ("criteria met: the verified answer completes the turn",
+     snap("running", model("completed", index=5, kind="verification", content="done", met=True),
+          has_criteria=True, unmet_rounds=0),
+     Decision(Action.COMPLETE_TURN, turn_status="running", output_text="done")),
+    ("criteria unmet, rounds left: back to work",
+     snap("running", model("completed", index=5, kind="verification", content="done"), calls_models=True,
+          has_criteria=True, unmet_rounds=2, max_rework=2),
+     Decision(Action.CLAIM_MODEL, turn_status="running", new_index=6)),
+    ("criteria unmet after the last round: complete, flagged",
+     snap("running", model("completed", index=9, kind="verification", content="done"),
+          has_criteria=True, unmet_rounds=3, max_rework=2),
+     Decision(Action.COMPLETE_TURN, turn_status="running", output_text="done", criteria_unmet=True)),
     ("too long and nothing left to compact: fail with a clear code",
      snap("running", model("failed", index=3, error_code="context_length_exceeded"),
           context_tokens=100, compact_at=800, compactable=False),
