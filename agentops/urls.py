@@ -29,6 +29,8 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/budget/", session_views.session_budget_view, name="session_budget"),
     path("sessions/<uuid:session_id>/turns/<uuid:turn_id>/retry/", session_views.turn_retry_view,
          name="turn_retry"),
+    path("sessions/<uuid:session_id>/compact/", session_views.session_compact_view, name="session_compact"),
+    path("sessions/<uuid:session_id>/pinned/", session_views.session_pinned_view, name="session_pinned"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
          name="artifact_download"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),

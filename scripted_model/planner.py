@@ -7,6 +7,7 @@ the package docstring.
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ from scripted_model.demo import demo_steps
 from scripted_model.script import ScriptError, ScriptStep, ToolCall, parse_script
 
 SCRIPT_FINISHED_TEXT = "(script finished)"
+# What agentops puts in the system message of its compaction and verification calls.
+COMPACTION_MARKER = "[[agentops:compaction]]"
+VERIFICATION_MARKER = "[[agentops:verification]]"
+CHARS_PER_TOKEN = 4
+SUMMARY_FACTS = 20
 RESULT_PREVIEW_CHARS = 200
 # Enough for a long test run; bounded so a server left running for weeks does not grow forever.
 MAX_ERROR_RECORDS = 10_000
@@ -108,19 +114,143 @@ def format_results(messages: list[dict[str, Any]]) -> str:
 
 
 def _estimate_tokens(chars: int) -> int:
-    return max(1, chars // 4)
+    return max(1, chars // CHARS_PER_TOKEN)
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """The characters the token estimate counts: per message its role, text, tool-call names and arguments."""
+    return sum(
+        len(text) + sum(len(name) + len(arguments) for _, name, arguments in calls) + len(str(role))
+        for role, text, calls, _ in _normalized(messages)
+    )
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """The documented estimate, characters / 4 (agentops estimates the same way): reported as
+    `usage.prompt_tokens` and checked against `--context-window`."""
+    return _estimate_tokens(prompt_chars(messages))
+
+
+def request_purpose(messages: list[dict[str, Any]]) -> str:
+    """"compaction" or "verification" when a system message carries agentops's marker; else "chat"."""
+    for message in messages:
+        if message.get("role") == "system":
+            text = content_text(message.get("content"))
+            if COMPACTION_MARKER in text:
+                return "compaction"
+            if VERIFICATION_MARKER in text:
+                return "verification"
+    return "chat"
+
+
+def system_text(messages: list[dict[str, Any]]) -> str:
+    for message in messages:
+        if message.get("role") == "system":
+            return content_text(message.get("content"))
+    return ""
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return {}
+    try:
+        value = json.loads(text[start : end + 1])
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _summary_position(messages: list[dict[str, Any]], latest_user: int) -> int:
+    """Script lines already answered that a compaction folded away: the `script_position` of a
+    summary (a system message after the latest user message, as agentops places it then)."""
+    for message in messages[latest_user + 1 :]:
+        if message.get("role") == "system":
+            position = _json_object(content_text(message.get("content"))).get("script_position")
+            if isinstance(position, int):
+                return position
+    return 0
+
+
+def _sections(transcript: str) -> list[tuple[str, str]]:
+    """(header, body) of each `### ` section of a compaction transcript."""
+    sections: list[tuple[str, str]] = []
+    for line in transcript.splitlines():
+        if line.startswith("### "):
+            sections.append((line[4:], ""))
+        elif sections:
+            header, body = sections[-1]
+            sections[-1] = (header, f"{body}\n{line}" if body else line)
+    return sections
+
+
+def compaction_summary(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The deterministic summary of a compaction request: the previous summary with the
+    transcript folded in. `script_position` counts the answered lines of the turn being played
+    (assistant sections after the last user section, else added to the previous count)."""
+    user = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    head, _, transcript = user.partition("Transcript to fold in:")
+    previous = _json_object(head)
+    sections = _sections(transcript)
+    users = [i for i, (header, _) in enumerate(sections) if header.startswith("user")]
+    answered = sum(1 for header, _ in sections[users[-1] + 1 if users else 0 :] if header == "assistant")
+    facts = list(previous.get("facts") or [])
+    failed = list(previous.get("tried_and_failed") or [])
+    files = list(previous.get("files") or [])
+    for header, body in sections:
+        if header.startswith("tool "):
+            name = header.split()[1]
+            line = f"{name}: {' '.join(body.split())[:80]}"
+            (failed if body.startswith(("[error", "[exit code")) else facts).append(line)
+        elif header == "assistant":
+            for path in re.findall(r'"path": "([^"]+)"', body):
+                if path not in files:
+                    files.append(path)
+    goal = sections[users[-1]][1].splitlines()[0][:200] if users and sections[users[-1]][1] else ""
+    return {
+        "goal": goal or previous.get("goal", ""),
+        "decisions": list(previous.get("decisions") or [])[-SUMMARY_FACTS:],
+        "facts": facts[-SUMMARY_FACTS:],
+        "files": files[-SUMMARY_FACTS:],
+        "open_questions": [],
+        "tried_and_failed": failed[-SUMMARY_FACTS:],
+        "script_position": answered if users else int(previous.get("script_position") or 0) + answered,
+        "compacted_sections": int(previous.get("compacted_sections") or 0) + len(sections),
+    }
+
+
+def verification_verdicts(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The deterministic verdicts of a verification request: a criterion is met when its key (the
+    text between backticks in it, else the whole criterion) occurs in the result, ignoring case."""
+    user = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    head, _, result = user.partition("The turn's result:")
+    lines = [line.strip() for line in head.partition("Acceptance criteria:")[2].splitlines()]
+    criteria = [re.sub(r"^\d+\.\s*", "", line) for line in lines if re.match(r"^\d+\.", line)]
+    verdicts = []
+    for criterion in criteria:
+        quoted = re.findall(r"`([^`]+)`", criterion)
+        key = quoted[0] if quoted else criterion
+        met = key.lower() in result.lower()
+        evidence = f"{key!r} {'appears' if met else 'does not appear'} in the result"
+        verdicts.append({"criterion": criterion, "met": met, "evidence": evidence})
+    return {"verdicts": verdicts}
 
 
 def plan_reply(messages: list[dict[str, Any]]) -> Reply:
     """Decide the model's answer to a conversation. Pure: the same messages give the same reply."""
     latest_user = _latest_user_index(messages)
     script_text = latest_user_text(messages)
-    position = sum(1 for m in messages[latest_user + 1 :] if m.get("role") == "assistant")
     digest = conversation_hash(messages)
-    prompt_chars = sum(
-        len(text) + sum(len(name) + len(arguments) for _, name, arguments in calls) + len(str(role))
-        for role, text, calls, _ in _normalized(messages)
-    )
+    chars = prompt_chars(messages)
+    purpose = request_purpose(messages)
+    if purpose in ("compaction", "verification"):
+        answer = compaction_summary(messages) if purpose == "compaction" else verification_verdicts(messages)
+        text = json.dumps(answer, sort_keys=True)
+        return Reply(text=text, tool_calls=(), finish_reason="stop", prompt_tokens=_estimate_tokens(chars),
+                     completion_tokens=_estimate_tokens(len(text)), position_key=f"{digest}:{purpose}",
+                     response_id=f"chatcmpl-{digest[:24]}")
+    position = sum(1 for m in messages[latest_user + 1 :] if m.get("role") == "assistant")
+    position += _summary_position(messages, latest_user)
 
     try:
         parsed = parse_script(script_text)
@@ -153,7 +283,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
             text=None,
             tool_calls=calls,
             finish_reason="tool_calls",
-            prompt_tokens=_estimate_tokens(prompt_chars),
+            prompt_tokens=_estimate_tokens(chars),
             completion_tokens=_estimate_tokens(output_chars),
             sleep_ms=step.sleep_ms,
             error_status=step.error_status,
@@ -167,7 +297,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
         text=text,
         tool_calls=(),
         finish_reason="stop",
-        prompt_tokens=_estimate_tokens(prompt_chars),
+        prompt_tokens=_estimate_tokens(chars),
         completion_tokens=_estimate_tokens(len(text)),
         sleep_ms=step.sleep_ms,
         error_status=step.error_status,

@@ -17,6 +17,7 @@ from typing import Any, Literal, TextIO
 # Enough for a long test run; bounded so a server left running for weeks does not grow forever.
 MAX_LOGGED_REQUESTS = 10_000
 EXCERPT_CHARS = 200
+SYSTEM_CHARS = 8000
 
 ReplyKind = Literal["tool_calls", "text", "error"]
 
@@ -34,7 +35,10 @@ class RequestLogEntry:
     last_user_message: str  # its first EXCERPT_CHARS characters
     position: int  # the script position answered (0 for a script that does not parse)
     kind: ReplyKind
-    status: int  # 200, or the status of a scripted `error`
+    status: int  # 200, or the status of a scripted `error` (400 for a prompt over `--context-window`)
+    prompt_tokens: int = 0  # the prompt's size as the server estimates it: characters / 4 (planner.prompt_tokens)
+    purpose: str = "chat"  # "chat", or the agentops prompt it recognised: "compaction", "verification"
+    system: str = ""  # the first system message, its first SYSTEM_CHARS characters (pinned context lives there)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +67,9 @@ class RequestLog:
         position: int,
         kind: ReplyKind,
         status: int,
+        prompt_tokens: int = 0,
+        purpose: str = "chat",
+        system: str = "",
     ) -> RequestLogEntry:
         # One lock for the sequence number, the deque and the file: the file's lines are in seq order.
         with self._changed:
@@ -77,6 +84,9 @@ class RequestLog:
                 position=position,
                 kind=kind,
                 status=status,
+                prompt_tokens=prompt_tokens,
+                purpose=purpose,
+                system=system[:SYSTEM_CHARS],
             )
             self._entries.append(entry)
             if self._file is not None:

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from scripted_model.planner import ErrorLedger, Reply, latest_user_text, plan_reply
+from scripted_model.planner import (
+    ErrorLedger,
+    Reply,
+    latest_user_text,
+    plan_reply,
+    prompt_tokens,
+    request_purpose,
+    system_text,
+)
 from scripted_model.protocol import (
     MODEL_ID,
     RequestError,
@@ -49,8 +57,12 @@ class ScriptedModelServer(ThreadingHTTPServer):
         api_key: str | None = None,
         log_requests: bool = False,
         request_log_path: str | Path | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.request_log = RequestLog(path=request_log_path)
+        # Prompts estimated above this many tokens (`planner.prompt_tokens`) get OpenAI's 400
+        # `context_length_exceeded`; None: no limit.
+        self.context_window = context_window
         super().__init__(address, ScriptedModelHandler)
         self.api_key = api_key or None
         self.log_requests = log_requests
@@ -151,6 +163,16 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
             self.server.call_finished()
 
     def _answer_now(self, body: dict[str, Any], received_at: float) -> None:
+        window = self.server.context_window
+        if window is not None:
+            tokens = prompt_tokens(body["messages"])
+            if tokens > window:
+                self._record(body, None, received_at, "error", 400)
+                self._send_json(400, {"error": {
+                    "message": f"This model's maximum context length is {window} tokens. However, your messages "
+                               f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+                return
         reply = plan_reply(body["messages"])
         if reply.sleep_ms:
             time.sleep(reply.sleep_ms / 1000)
@@ -168,15 +190,21 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self._send_stream(stream_chunks(reply, model, created, include_usage=include_usage))
 
-    def _record(self, body: dict[str, Any], reply: Reply, received_at: float, kind: ReplyKind, status: int) -> None:
+    def _record(
+        self, body: dict[str, Any], reply: Reply | None, received_at: float, kind: ReplyKind, status: int
+    ) -> None:
+        messages = body["messages"]
         self.server.request_log.record(
             received_at=received_at,
             model=body["model"],
-            message_count=len(body["messages"]),
-            last_user_message=latest_user_text(body["messages"]),
-            position=reply.position,
+            message_count=len(messages),
+            last_user_message=latest_user_text(messages),
+            position=reply.position if reply is not None else 0,
             kind=kind,
             status=status,
+            prompt_tokens=prompt_tokens(messages),
+            purpose=request_purpose(messages),
+            system=system_text(messages),
         )
 
     def _send_log(self) -> None:
@@ -284,10 +312,15 @@ def make_server(
     api_key: str | None = None,
     log_requests: bool = False,
     request_log_path: str | Path | None = None,
+    context_window: int | None = None,
 ) -> ScriptedModelServer:
     """Bind the server (port 0 picks a free port) without serving yet."""
     return ScriptedModelServer(
-        (host, port), api_key=api_key, log_requests=log_requests, request_log_path=request_log_path
+        (host, port),
+        api_key=api_key,
+        log_requests=log_requests,
+        request_log_path=request_log_path,
+        context_window=context_window,
     )
 
 
@@ -299,9 +332,17 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
     log_requests: bool = True,
     request_log_path: str | Path | None = None,
+    context_window: int | None = None,
 ) -> None:
     """Serve until interrupted. `on_ready` gets the base URL once the port is bound (default: print it)."""
-    server = make_server(host, port, api_key=api_key, log_requests=log_requests, request_log_path=request_log_path)
+    server = make_server(
+        host,
+        port,
+        api_key=api_key,
+        log_requests=log_requests,
+        request_log_path=request_log_path,
+        context_window=context_window,
+    )
     announce = on_ready or (lambda url: print(f"scripted model listening on {url}", flush=True))
     announce(server.base_url)
     try:
@@ -313,12 +354,17 @@ def serve(
 
 
 def start_in_thread(
-    port: int = 0, *, host: str = "127.0.0.1", api_key: str | None = None, request_log_path: str | Path | None = None
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    request_log_path: str | Path | None = None,
+    context_window: int | None = None,
 ) -> tuple[ScriptedModelServer, str]:
     """Start a server on a background thread for tests; stop it with `server.shutdown()` and
     `server.server_close()`. Returns the server and its base URL (`http://127.0.0.1:N/v1`).
     `server.wait_for_requests(n)` waits for answers instead of sleeping."""
-    server = make_server(host, port, api_key=api_key, request_log_path=request_log_path)
+    server = make_server(host, port, api_key=api_key, request_log_path=request_log_path, context_window=context_window)
     thread = threading.Thread(target=server.serve_forever, name="scripted-model", daemon=True)
     thread.start()
     return server, server.base_url
@@ -341,6 +387,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also append each chat-completions request answered as a JSON line to PATH (GET /_log serves them)",
     )
+    parser.add_argument(
+        "--context-window",
+        type=int,
+        metavar="N",
+        default=None,
+        help="answer prompts estimated above N tokens (characters / 4) with OpenAI's 400 context_length_exceeded",
+    )
 
 
 def serve_from_arguments(options: Mapping[str, Any], *, on_ready: Callable[[str], None] | None = None) -> None:
@@ -353,4 +406,5 @@ def serve_from_arguments(options: Mapping[str, Any], *, on_ready: Callable[[str]
         on_ready=on_ready,
         log_requests=not options["quiet"],
         request_log_path=options["request_log"],
+        context_window=options.get("context_window"),
     )

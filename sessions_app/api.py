@@ -28,6 +28,7 @@ from sessions_app.schemas import (
     SessionCreateIn,
     SessionOut,
     SessionPageOut,
+    SessionPinnedIn,
     StepOut,
     ToolOut,
     ToolOutputIn,
@@ -35,6 +36,7 @@ from sessions_app.schemas import (
     TurnDetailOut,
     TurnOut,
 )
+from sessions_app.services import session_compact_request, session_pinned_update
 from tools_app.selectors import tool_definitions_enabled
 
 router = Router(tags=["sessions"])
@@ -45,6 +47,8 @@ def session_out(s: AgentSession) -> dict[str, Any]:
         "id": s.id, "agent": s.agent.slug, "owner": s.owner.get_username(), "title": s.title, "status": s.status,
         "pinned": {"requirements": s.requirements, "prohibitions": s.prohibitions,
                    "acceptance_criteria": s.acceptance_criteria},
+        "pinned_revision": s.pinned_revision, "compact_requested": s.compact_requested,
+        "criteria_unmet": s.criteria_unmet,
         "budget": {"max_tool_calls": s.max_tool_calls, "max_model_calls": s.max_model_calls,
                    "max_tokens": s.max_tokens, "max_wall_seconds": s.max_wall_seconds},
         "usage": {"tool_calls": s.tool_calls, "model_calls": s.model_calls, "prompt_tokens": s.prompt_tokens,
@@ -104,6 +108,24 @@ def turn_retry_api(request: AuthedRequest, turn_id: str) -> Turn:
     turn = selectors.turn_get(turn_id, user=request.user)
     selectors.session_to_operate(turn.session_id, user=request.user)
     return engine.turn_retry(turn_id=turn.id, actor=request.user)
+
+
+@router.post("/sessions/{session_id}/compact", response={202: SessionOut, **ERRORS})
+def session_compact_api(request: AuthedRequest, session_id: str) -> Status[dict[str, Any]]:
+    """Compact before the session's next model call (idempotent while one is pending)."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    session = selectors.session_to_operate(session_id, user=request.user)
+    session_compact_request(session_id=session.id, actor=request.user)
+    return Status(202, session_out(selectors.session_get(session.id, user=request.user)))
+
+
+@router.put("/sessions/{session_id}/pinned", response={200: SessionOut, **ERRORS})
+def session_pinned_update_api(request: AuthedRequest, session_id: str, payload: SessionPinnedIn) -> dict[str, Any]:
+    """Edit the pinned context mid-session: the next model call sends the new one, verbatim."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    session = selectors.session_to_operate(session_id, user=request.user)
+    session_pinned_update(session_id=session.id, actor=request.user, pinned=payload.dict(exclude_none=True))
+    return session_out(selectors.session_get(session.id, user=request.user))
 
 
 @router.post("/sessions/{session_id}/turns", response={201: TurnOut, **ERRORS})

@@ -40,3 +40,13 @@ class BudgetRaiseForm(forms.Form):
 
     def budget(self) -> dict[str, int]:
         return {name: value for name, value in self.cleaned_data.items() if value is not None}
+class SessionPinnedForm(forms.Form):
+    """The pinned context, one item per line."""
+
+    requirements = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    prohibitions = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    acceptance_criteria = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+
+    def pinned(self) -> dict[str, Any]:
+        return {name: _lines(self.cleaned_data[name]) for name in ("requirements", "prohibitions",
+                                                                    "acceptance_criteria")}

@@ -19,14 +19,17 @@ from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.models import Turn
 
-STEP_PREFIXES = ("model.", "tool.", "approval.", "step.")
+STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.", "verification.")
 STREAMED = ("model.delta", "tool.progress")
+# Events of a step that do not carry a step prefix: the compaction and verification cards' outcomes.
+STEP_TYPES = ("session.compacted", "turn.verified")
+NOTE_TYPES = selectors.NOTE_TYPES
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
 # Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
 SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
-                           r"|budget\.|session\.status_changed$)")
+                           r"|budget\.|session\.(status_changed|compacted|compact_requested)$)")
 
 
 def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
@@ -69,7 +72,7 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
 
 def _is_step_event(event: dict[str, Any]) -> bool:
     """An event that re-renders its step's card (streamed output is appended instead)."""
-    return event["type"] not in STREAMED and event["type"].startswith(STEP_PREFIXES)
+    return event["type"] not in STREAMED and (event["type"].startswith(STEP_PREFIXES) or event["type"] in STEP_TYPES)
 
 
 def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
@@ -116,6 +119,9 @@ def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], tur
         ops.append(_op("upsert", "#artifacts", html, seq=seq, dom_id=f"artifact-{payload.get('artifact_id')}"))
     elif etype == "budget.exceeded" and turn_id:
         html = render_to_string("dashboard/_notice.html", {"event": event})
+        ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
+    elif etype in NOTE_TYPES and turn_id:
+        html = render_to_string("dashboard/_session_note.html", {"event": event})
         ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
     if _is_step_event(event) and step_id and str(step_id) in steps:
         sv = steps[str(step_id)]

@@ -41,6 +41,18 @@ class AgentProfile(models.Model):
     max_model_calls = models.PositiveIntegerField(null=True, blank=True)
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     max_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Compaction (``sessions_app/engine/context.py``): before a model call whose prompt would cross
+    # ``compaction_threshold`` of the window, the older history is summarised; the last
+    # ``keep_recent_steps`` steps stay whole. No window: never compacted.
+    context_window = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="The context window in tokens; empty = never compact.")
+    compaction_threshold = models.FloatField(default=0.8,
+                                             help_text="Compact before a call whose prompt would cross this share "
+                                                       "of the window.")
+    keep_recent_steps = models.PositiveIntegerField(default=6,
+                                                    help_text="Steps kept whole in the prompt after a compaction.")
+    verification_rounds = models.PositiveIntegerField(
+        default=2, help_text="Re-work rounds after a verification finds acceptance criteria unmet.")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -55,6 +67,8 @@ class AgentProfile(models.Model):
                 & (Q(max_wall_seconds__isnull=True) | Q(max_wall_seconds__gte=0)),
                 name="agentprofile_budgets_non_negative",
             ),
+            models.CheckConstraint(condition=Q(compaction_threshold__gt=0) & Q(compaction_threshold__lte=1),
+                                   name="agentprofile_compaction_threshold_range"),
         ]
 
     def __str__(self) -> str:
@@ -98,6 +112,13 @@ class AgentSession(StateMachine, models.Model):
     requirements = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
     prohibitions = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
     acceptance_criteria = models.JSONField(default=list, blank=True, validators=[_slug_list_validator])
+    # Bumped by every edit of the pinned context: a worker that holds the prompt in memory sees the
+    # change in what its next write returns and rebuilds the prompt (``record.SESSION_FIELDS``).
+    pinned_revision = models.PositiveIntegerField(default=0)
+    # An operator asked to compact: the next model call is preceded by a compaction (cleared by it).
+    compact_requested = models.BooleanField(default=False)
+    # The last completed turn ended with acceptance criteria unmet (its verdicts are on the turn).
+    criteria_unmet = models.BooleanField(default=False)
     metadata = models.JSONField(default=dict, blank=True)
     # Budgets copied from the profile at creation (and overridable per session).
     max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
@@ -176,6 +197,10 @@ class Turn(StateMachine, models.Model):
     input = models.TextField()
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
     output_text = models.TextField(blank=True)
+    # The verification's per-criterion verdicts ({criterion, met, evidence}) of the final answer;
+    # ``criteria_unmet``: the turn completed with some unmet after its re-work rounds.
+    verdicts = models.JSONField(null=True, blank=True)
+    criteria_unmet = models.BooleanField(default=False)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     retryable = models.BooleanField(default=False)
@@ -222,6 +247,17 @@ SESSION_STATUS_OF_TURN = {
 class StepKind(models.TextChoices):
     MODEL = "model", "Model call"
     TOOL = "tool", "Tool call"
+    # A model call that summarises older history (``engine/compaction.py``): ``arguments`` holds
+    # the range it replaces and the estimate that asked for it, ``result`` the summary and the
+    # tokens before/after. Recovered like a model call.
+    COMPACTION = "compaction", "Compaction"
+    # A model call that judges the turn's answer against the acceptance criteria
+    # (``engine/verification.py``): ``arguments`` the answer and the round, ``result`` the verdicts.
+    VERIFICATION = "verification", "Verification"
+
+
+# Steps that call the model: claimed with a lease by the gateway, retried after a crash.
+MODEL_KINDS = (StepKind.MODEL, StepKind.COMPACTION, StepKind.VERIFICATION)
 
 
 class StepStatus(models.TextChoices):
@@ -269,7 +305,7 @@ class Step(StateMachine, models.Model):
     # No index of its own: step_unique_index (turn, index) serves it.
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, db_index=False, related_name="steps")
     index = models.PositiveIntegerField()
-    kind = models.CharField(max_length=8, choices=Kind.choices)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
     # Tool steps.
     tool_name = models.CharField(max_length=64, blank=True)

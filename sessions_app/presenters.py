@@ -96,6 +96,19 @@ class StepView:
         return [str(c.get("function", {}).get("name", "?")) for c in calls if isinstance(c, dict)]
 
     @property
+    def compaction(self) -> dict[str, Any]:
+        """A compaction card: tokens before → after, why, and its summary as (key, items) rows."""
+        if self.step.kind != Step.Kind.COMPACTION:
+            return {}
+        arguments, result = self.step.arguments or {}, self.result
+        summary = result.get("summary") if isinstance(result.get("summary"), dict) else {}
+        rows = [(key, [str(x) for x in value] if isinstance(value, list) else [str(value)])
+                for key, value in (summary or {}).items() if value not in (None, "", [], {})]
+        return {"tokens_before": result.get("tokens_before", arguments.get("tokens_before")),
+                "tokens_after": result.get("tokens_after"), "reason": arguments.get("reason", ""),
+                "items": arguments.get("items", 0), "summary": rows}
+
+    @property
     def is_final(self) -> bool:
         """A completed model call without tool calls: the turn's answer."""
         return (self.step.kind == Step.Kind.MODEL and self.step.status == Step.Status.COMPLETED
@@ -107,6 +120,7 @@ class TurnView:
     turn: Turn
     steps: list[StepView] = field(default_factory=list)
     seq: int = 0
+    notes: list[dict[str, Any]] = field(default_factory=list)  # pinned edits, compaction requests
 
     @property
     def dom_id(self) -> str:
@@ -210,12 +224,17 @@ def step_views(steps: Sequence[Step], *, approvals: Mapping[Any, ApprovalRequest
     return views
 
 
-def turn_views(turns: Sequence[Turn], steps: Sequence[StepView], *, seq: int = 0) -> list[TurnView]:
-    """Turn blocks, each with its step cards in order."""
+def turn_views(turns: Sequence[Turn], steps: Sequence[StepView], *, seq: int = 0,
+               notes: Sequence[dict[str, Any]] = ()) -> list[TurnView]:
+    """Turn blocks, each with its step cards in order and its notes (``selectors.notes_of_turns``)."""
     by_turn: dict[Any, list[StepView]] = {}
     for view in steps:
         by_turn.setdefault(view.step.turn_id, []).append(view)
-    return [TurnView(turn=t, steps=by_turn.get(t.id, []), seq=seq) for t in turns]
+    notes_by_turn: dict[str, list[dict[str, Any]]] = {}
+    for note in notes:
+        notes_by_turn.setdefault(str(note["turn_id"]), []).append(note)
+    return [TurnView(turn=t, steps=by_turn.get(t.id, []), seq=seq, notes=notes_by_turn.get(str(t.id), []))
+            for t in turns]
 
 
 def diff_lines(preview: str) -> list[tuple[str, str]]:

@@ -15,6 +15,16 @@ class SessionCreateIn(Schema):
     metadata: dict[str, Any] | None = None
 
 
+class SessionPinnedIn(Schema):
+    """The pinned fields to replace; a field left out stays as it is; an unknown one is refused."""
+
+    model_config = {"extra": "forbid"}
+
+    requirements: list[str] | None = None
+    prohibitions: list[str] | None = None
+    acceptance_criteria: list[str] | None = None
+
+
 class TurnCreateIn(Schema):
     input: str = Field(..., min_length=1, max_length=200_000)
 
@@ -50,6 +60,9 @@ class SessionOut(Schema):
     title: str
     status: str
     pinned: dict[str, list[str]]
+    pinned_revision: int
+    compact_requested: bool
+    criteria_unmet: bool
     budget: dict[str, int | None]
     usage: UsageOut
     metadata: dict[str, Any]
@@ -82,6 +95,8 @@ class TurnOut(Schema):
     input: str
     status: str
     output_text: str
+    verdicts: list[dict[str, Any]] | None
+    criteria_unmet: bool
     error_code: str
     error_message: str
     retryable: bool

@@ -208,6 +208,19 @@ def steps_of_turns(turn_ids: Iterable[Any]) -> list[Step]:
     return list(Step.objects.filter(turn_id__in=keys).order_by("index")) if keys else []
 
 
+# Session notes the timeline shows inside the turn they happened in.
+NOTE_TYPES = ("session.pinned_changed", "session.compact_requested")
+
+
+def notes_of_turns(session_id: Any, turn_ids: Iterable[Any]) -> list[dict[str, Any]]:
+    """The notes (``NOTE_TYPES`` events) of these turns, as ``Event.as_dict()``. One query."""
+    keys = list(turn_ids)
+    if not keys:
+        return []
+    return [e.as_dict() for e in Event.objects.filter(session_id=session_id, type__in=NOTE_TYPES,
+                                                      turn_id__in=keys).order_by("seq")]
+
+
 def steps_by_id(step_ids: Iterable[Any]) -> list[Step]:
     keys = _uuids(step_ids)
     return list(Step.objects.filter(pk__in=keys)) if keys else []

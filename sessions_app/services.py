@@ -115,6 +115,8 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
         payload.update(error_code=turn.error_code, error_message=turn.error_message, retryable=turn.retryable)
     if to == Turn.Status.COMPLETED:
         payload["output_text"] = turn.output_text
+        if turn.verdicts is not None:
+            payload.update(verdicts=turn.verdicts, criteria_unmet=turn.criteria_unmet)
     event_type = "turn.started" if to == Turn.Status.RUNNING else f"turn.{to}"
     event_record(session_id=turn.session_id, turn_id=turn.id, type=event_type, payload=payload)
     _session_follow(turn)
@@ -171,6 +173,52 @@ def session_create(*, agent: AgentProfile, owner: User, title: str = "",
     session.save(force_insert=True)
     event_record(session_id=session.id, type="session.created",
                  payload={"agent": agent.slug, "title": session.title, "owner": owner.get_username()})
+    return session
+
+
+PINNED_FIELDS = ("requirements", "prohibitions", "acceptance_criteria")
+
+
+@transaction.atomic
+def session_pinned_update(*, session_id: uuid.UUID | str, actor: User | None,
+                          pinned: Mapping[str, Any]) -> AgentSession:
+    """Replace the pinned context (the fields given; the others stay). Takes effect at the next
+    model call; a worker holding the prompt in memory rebuilds it (``pinned_revision``). A replay
+    of the same values changes nothing. Event ``session.pinned_changed`` (before and after)."""
+    unknown = set(pinned) - set(PINNED_FIELDS)
+    if unknown:
+        raise InvalidArguments(f"Unknown pinned fields: {sorted(unknown)}", details={"fields": sorted(unknown)})
+    session_lock(session_id)
+    session = AgentSession.objects.get(pk=session_id)
+    after = {name: _string_list(pinned[name], name) if name in pinned else getattr(session, name)
+             for name in PINNED_FIELDS}
+    before = {name: getattr(session, name) for name in PINNED_FIELDS}
+    if after == before:
+        return session
+    for name, value in after.items():
+        setattr(session, name, value)
+    session.pinned_revision += 1
+    session.save(update_fields=[*PINNED_FIELDS, "pinned_revision", "updated_at"])
+    latest_turn = Turn.objects.filter(session_id=session.id).order_by("-index").values_list("id", flat=True).first()
+    event_record(session_id=session.id, turn_id=latest_turn, type="session.pinned_changed",
+                 payload={"before": before, "after": after, "revision": session.pinned_revision,
+                          "by": actor.get_username() if actor else ""})
+    return session
+
+
+@transaction.atomic
+def session_compact_request(*, session_id: uuid.UUID | str, actor: User | None) -> AgentSession:
+    """Ask for a compaction before the session's next model call (now, when a turn runs; else at
+    the next turn). Idempotent while one is pending. Event ``session.compact_requested``."""
+    session_lock(session_id)
+    session = AgentSession.objects.get(pk=session_id)
+    if session.compact_requested:
+        return session
+    session.compact_requested = True
+    session.save(update_fields=["compact_requested", "updated_at"])
+    latest_turn = Turn.objects.filter(session_id=session.id).order_by("-index").values_list("id", flat=True).first()
+    event_record(session_id=session.id, turn_id=latest_turn, type="session.compact_requested",
+                 payload={"by": actor.get_username() if actor else ""})
     return session
 
 

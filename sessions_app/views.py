@@ -28,9 +28,9 @@ from approvals_app import selectors as approval_selectors
 from sessions_app import presenters, selectors
 from sessions_app.downloads import artifact_response
 from sessions_app.engine.commands import session_cancel, session_start, turn_retry, turn_submit
-from sessions_app.forms import BudgetRaiseForm, SessionStartForm
+from sessions_app.forms import BudgetRaiseForm, SessionPinnedForm, SessionStartForm
 from sessions_app.models import AgentSession
-from sessions_app.services import session_budget_raise
+from sessions_app.services import session_budget_raise, session_compact_request, session_pinned_update
 
 STUCK_AFTER_MINUTES = 10
 TURNS_PER_PAGE = 5
@@ -119,13 +119,15 @@ def _session_to_operate(request: AuthedRequest, session_id: UUID) -> AgentSessio
 
 def _timeline(session: AgentSession, *, before: int | None = None) -> tuple[list[presenters.TurnView], int | None]:
     """The last turns of the session (before turn index ``before``) with their steps, and the index
-    to page back from (None when these are the first turns). Four queries whatever their size."""
+    to page back from (None when these are the first turns). Five queries whatever their size."""
     turns, more = selectors.timeline_turns(session.id, before=before, per_page=TURNS_PER_PAGE)
     steps = selectors.steps_of_turns(t.id for t in turns)
     cards = presenters.step_views(steps, approvals=approval_selectors.latest_approval_by_step(s.id for s in steps),
                                   streams=selectors.streamed_texts(session.id, [s.id for s in steps]),
                                   seq=session.last_seq)
-    return presenters.turn_views(turns, cards, seq=session.last_seq), (turns[0].index if more and turns else None)
+    notes = selectors.notes_of_turns(session.id, [t.id for t in turns])
+    return (presenters.turn_views(turns, cards, seq=session.last_seq, notes=notes),
+            turns[0].index if more and turns else None)
 
 
 @require_GET
@@ -214,6 +216,16 @@ def turn_retry_view(request: HtmxHttpRequest, session_id: UUID, turn_id: UUID) -
 @require_POST
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_compact_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = _session_to_operate(request, session_id)
+    session_compact_request(session_id=session.id, actor=request.user)
+    messages.success(request, "The history is compacted before the next model call.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
 def session_budget_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     _session_to_operate(request, session_id)
     form = BudgetRaiseForm(request.POST)
@@ -226,6 +238,24 @@ def session_budget_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
         messages.error(request, exc.message)
     else:
         messages.success(request, "Budget updated.")
+    return _back_to_session(request, session_id)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def session_pinned_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = _session_to_operate(request, session_id)
+    form = SessionPinnedForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "The pinned context could not be read.")
+        return _back_to_session(request, session_id)
+    try:
+        session_pinned_update(session_id=session.id, actor=request.user, pinned=form.pinned())
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Pinned context saved: the next model call sends it.")
     return _back_to_session(request, session_id)
 
 

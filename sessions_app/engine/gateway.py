@@ -38,9 +38,11 @@ from django.db import connection
 
 from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
 from sessions_app.engine import llm
+from sessions_app.engine.compaction import compaction_record_atomic, compaction_request
 from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
 from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
 from sessions_app.engine.tool_steps import tool_step_execute
+from sessions_app.engine.verification import verification_record_atomic, verification_request
 from sessions_app.events import event_record
 from sessions_app.models import Step
 from sessions_app.selectors import turn_id_of_step
@@ -117,6 +119,10 @@ class Gateway:
             session_id = claimed.session.id
             if claimed.step.kind == Step.Kind.MODEL:
                 await self.model_steps_drive(claimed.step, deadline=started + INLINE_SECONDS)
+            elif claimed.step.kind == Step.Kind.COMPACTION:
+                await self.side_call_drive(claimed.step, compaction_request, compaction_record_atomic)
+            elif claimed.step.kind == Step.Kind.VERIFICATION:
+                await self.side_call_drive(claimed.step, verification_request, verification_record_atomic)
             else:
                 await self.db(tool_step_execute, claimed.step, claimed.approval, claimed.session)
 
@@ -140,6 +146,24 @@ class Gateway:
             finally:
                 self.held.pop(current.id, None)
             current = following
+
+    async def side_call_drive(self, step: Step, request: Callable[[Step], tuple[Any, list[dict[str, Any]]]],
+                              record: Callable[[Step, llm.ModelReply], bool]) -> None:
+        """Call the model for a claimed compaction or verification step and record what it says
+        (no tools offered): ``request`` builds the call, ``record`` writes it (lease holder only)."""
+        assert self.clients is not None
+        session, messages = await self.db(request, step)
+        self.held[step.id] = step.lease_owner
+        try:
+            try:
+                reply = await llm.call_model(clients=self.clients, profile=session.agent, messages=messages,
+                                             tools=[], sink=self._sink(step))
+            except llm.ModelCallFailed as exc:
+                await self.db(model_failure_record, step, exc)
+                return
+            await self.db(record, step, reply)
+        finally:
+            self.held.pop(step.id, None)
 
     def _sink(self, step: Step) -> llm.EventSink:
         async def record(type_: str, payload: dict[str, Any]) -> None:

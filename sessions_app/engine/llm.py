@@ -211,6 +211,9 @@ async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: 
         except openai.APIStatusError as exc:
             if exc.status_code < 500:
                 body = str(exc)
+                if getattr(exc, "code", None) == "context_length_exceeded":
+                    raise ModelCallFailed("context_length_exceeded", f"The prompt exceeds the model's context "
+                                          f"window: {body[:500]}", retryable=False) from exc
                 code = "policy_refusal" if "content_filter" in body or "policy" in body.lower() else "model_error"
                 raise ModelCallFailed(code, f"The model endpoint refused the request: {body[:500]}",
                                       retryable=False) from exc

@@ -32,6 +32,7 @@ from django.utils import timezone
 from agentops.domain import InvalidTransition, joins_transaction
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import budget_crossed, session_counters
+from sessions_app.engine.context import OVERFLOW, compact_at, message_chars, tokens_of
 from sessions_app.engine.prompt import build_messages, tool_message
 from sessions_app.engine.record import COUNTERS, StepChange, step_outcome_record
 from sessions_app.engine.tool_steps import (
@@ -125,12 +126,25 @@ def _reply_record(step: Step, reply: llm.ModelReply, message: dict[str, Any]) ->
 
 
 def model_failure_record(step: Step, exc: llm.ModelCallFailed) -> None:
-    """The model call of a claimed step failed for good: fail the step and its turn."""
+    """The model call of a claimed step failed for good: fail the step and its turn. A prompt over
+    the provider's window fails only the step the first time: the tick compacts and calls again;
+    the second time (right after that compaction) the turn fails with ``context_overflow``."""
+    code, message = exc.code, exc.message
     with transaction.atomic():
         step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.FAILED,
-                        event_type="model.failed", event_payload={"error_code": exc.code, "error": exc.message[:500]},
-                        error_code=exc.code, error_message=exc.message[:2000])
-        turn_fail(turn_id=step.turn_id, code=exc.code, message=exc.message, retryable=exc.retryable)
+                        event_type="model.failed", event_payload={"error_code": code, "error": message[:500]},
+                        error_code=code, error_message=message[:2000])
+        if code == OVERFLOW:
+            if step.kind == Step.Kind.MODEL and not _after_overflow_compaction(step):
+                return
+            code, message = "context_overflow", f"The prompt still exceeds the model's context window after " \
+                                                f"compacting: {message}"
+        turn_fail(turn_id=step.turn_id, code=code, message=message, retryable=exc.retryable)
+
+
+def _after_overflow_compaction(step: Step) -> bool:
+    return Step.objects.filter(turn_id=step.turn_id, index=step.index - 1, kind=Step.Kind.COMPACTION,
+                               arguments__reason="overflow").exists()
 
 
 # --- the inline path ---------------------------------------------------------------------------
@@ -189,7 +203,8 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
 
     predicted = _plus(after_reply, tool_calls=len(ran))
     next_step = None
-    if not budget_crossed(predicted, convo.turn_seconds(), before="model"):
+    if not budget_crossed(predicted, convo.turn_seconds(), before="model") and not _nears_window(
+            convo, reply, message, ran):
         next_step = step_running(session_id=step.session_id, turn_id=step.turn_id, index=step.index + len(ran) + 1,
                                  kind=Step.Kind.MODEL, lease_seconds=llm.model_lease_seconds())
     events: list[tuple[str, Any, dict[str, Any]]] = [
@@ -222,6 +237,16 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
     convo.messages.append(message)
     convo.messages.extend(tool_message(r.step) for r in ran)
     return next_step
+
+
+def _nears_window(convo: Conversation, reply: llm.ModelReply, message: dict[str, Any], ran: list[_Ran]) -> bool:
+    """The next prompt would cross the compaction threshold (``context.py``'s estimate): the next
+    call is not claimed here, the tick decides (and compacts first)."""
+    limit = compact_at(convo.session.agent)
+    if limit is None:
+        return False
+    added = message_chars(message) + sum(message_chars(tool_message(r.step)) for r in ran)
+    return reply.prompt_tokens + tokens_of(added) >= limit
 
 
 def _started_payload(step: Step) -> dict[str, Any]:

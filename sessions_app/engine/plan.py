@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions_app.engine.budgets import Budget, budget_crossed
+from sessions_app.engine.context import OVERFLOW
 from sessions_app.models import Step, Turn
 
 
@@ -23,6 +24,9 @@ class Action(enum.Enum):
     FAIL_BUDGET = "fail_budget"      # the next call would cross a budget: fail the turn
     COMPLETE_TURN = "complete_turn"  # the model answered without tool calls: that is the output
     CLAIM_MODEL = "claim_model"      # call the model here (create the step, or claim the planned one)
+    COMPACT = "compact"              # plan a compaction step first (the prompt nears the window, or overflowed)
+    FAIL_CONTEXT = "fail_context"    # the prompt overflows the window and nothing is left to compact
+    VERIFY = "verify"                # plan a verification of the answer against the acceptance criteria
     ENQUEUE_MODEL = "enqueue_model"  # hand the model call to the model gateway (create the step first)
     CLAIM_TOOL = "claim_tool"        # run an approved in-process tool here
     ENQUEUE_TOOL = "enqueue_tool"    # hand an approved sandboxed tool to the sandbox queue
@@ -39,6 +43,9 @@ class StepState:
     leased: bool = False        # running under a lease (a worker holds it), not a client tool waiting
     in_process: bool = False    # a tool that runs in the engine's worker, without the sandbox queue
     content: str = ""           # a model step's text
+    kind: str = "model"         # for the last model step: a model call, a compaction or a verification
+    error_code: str = ""
+    met: bool = False           # a verification: every criterion met
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,13 @@ class Snapshot:
     turn_seconds: float                   # how long the turn has run
     calls_models: bool = False            # this worker calls models (the model gateway)
     fresh: bool = True                    # within this worker's time for inline work (``tick.INLINE_SECONDS``)
+    context_tokens: int = 0               # the next prompt's estimate (``context.prompt_estimate``)
+    compact_at: int | None = None         # compact from this estimate on; None: no window, never
+    compactable: bool = False             # there is history older than the recent steps to replace
+    compact_requested: bool = False       # an operator asked to compact now
+    has_criteria: bool = False            # the session has acceptance criteria: answers are verified
+    unmet_rounds: int = 0                 # this turn's verifications that found criteria unmet
+    max_rework: int = 2                   # re-work rounds allowed after an unmet verification
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,9 @@ class Decision:
     new_index: int | None = None          # the index of a model step to create
     budget: Budget | None = None
     output_text: str = ""
+    claim: bool = False                   # COMPACT: this worker calls the model (claim it) or enqueues it
+    reason: str = ""                      # COMPACT: "threshold", "overflow" or "operator"
+    criteria_unmet: bool = False          # COMPLETE_TURN: after its re-work rounds, criteria still unmet
 
 
 RUNNING, AWAITING, REQUIRES_ACTION = Turn.Status.RUNNING, Turn.Status.AWAITING_APPROVAL, Turn.Status.REQUIRES_ACTION
@@ -94,12 +111,32 @@ def next_action(s: Snapshot) -> Decision:
         return Decision(Action.WAIT, turn_status=REQUIRES_ACTION)
 
     # Every tool step has settled: the model speaks next, or its last answer is the output.
-    if model is not None and model.status == Step.Status.COMPLETED and not s.tools:
-        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=model.content)
+    call = model if model is not None and model.kind == Step.Kind.MODEL else None
+    if call is not None and call.status == Step.Status.COMPLETED and not s.tools:
+        if s.has_criteria:  # judged before it completes the turn (a verification is a model call)
+            return Decision(Action.VERIFY, turn_status=RUNNING, new_index=call.index + 1,
+                            claim=_model_action(s) == Action.CLAIM_MODEL, output_text=call.content)
+        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=call.content)
+    verified = model is not None and model.kind == Step.Kind.VERIFICATION and model.status == Step.Status.COMPLETED
+    if verified and model is not None and (model.met or s.unmet_rounds > s.max_rework):
+        return Decision(Action.COMPLETE_TURN, turn_status=RUNNING, output_text=model.content,
+                        criteria_unmet=not model.met)
+    # Unmet, rounds left: back to work; the verdicts are in its prompt (``verification_message``).
+    overflowed = call is not None and call.status == Step.Status.FAILED and call.error_code == OVERFLOW
+    if overflowed and not s.compactable:
+        return Decision(Action.FAIL_CONTEXT, turn_status=RUNNING)
     budget = budget_crossed(s.counters, s.turn_seconds, before="model")
     if budget:
         return Decision(Action.FAIL_BUDGET, turn_status=RUNNING, budget=budget)
     index = max([t.index for t in s.tools] + [model.index if model else -1]) + 1
+    # Compact before the call that would cross the threshold; never twice in a row (a summary
+    # that leaves the prompt big still lets the call go; the provider's overflow is handled above).
+    just_compacted = model is not None and model.kind == Step.Kind.COMPACTION
+    crossing = s.compact_at is not None and s.context_tokens >= s.compact_at
+    if overflowed or ((crossing or s.compact_requested) and s.compactable and not just_compacted):
+        reason = "overflow" if overflowed else "threshold" if crossing else "operator"
+        return Decision(Action.COMPACT, turn_status=RUNNING, new_index=index,
+                        claim=_model_action(s) == Action.CLAIM_MODEL, reason=reason)
     return Decision(_model_action(s), turn_status=RUNNING, new_index=index)
 
 

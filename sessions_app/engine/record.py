@@ -32,7 +32,10 @@ from sessions_app.models import Event, Step, Turn
 
 COUNTERS = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens")
 # What the write returns: the counters and the budgets, so the caller can check the next step.
-SESSION_FIELDS = (*COUNTERS, "wall_seconds", "max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds")
+# ``pinned_revision`` and ``compact_requested``: an operator's edit or request changes what the write
+# returns, so a worker that predicted the row hands the turn to a tick (fresh prompt, compaction).
+SESSION_FIELDS = (*COUNTERS, "wall_seconds", "max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds",
+                  "pinned_revision", "compact_requested")
 _TURNS = Turn._meta.db_table
 _STEPS = Step._meta.db_table
 _SET_COUNTERS = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)

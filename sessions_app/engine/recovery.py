@@ -22,7 +22,7 @@ from approvals_app.services import approval_expire_due, approval_request_create
 from sessions_app.engine.turns import turn_fail
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
-from sessions_app.models import Step, Turn
+from sessions_app.models import MODEL_KINDS, Step, Turn
 from sessions_app.services import step_transition
 from tools_app.models import NetworkPolicy, ToolDefinition
 from tools_app.sandbox import workspace_changed_since
@@ -146,7 +146,7 @@ def _back_to(step: Step, to: str) -> None:
 
 def _recover(step: Step) -> str:
     """Retry, fail or ask a reviewer, by what is known of the step's effect."""
-    if step.kind == Step.Kind.MODEL:
+    if step.kind in MODEL_KINDS:
         if step.attempts >= MODEL_MAX_ATTEMPTS:
             message = "The model call kept dying."
             step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.FAILED,

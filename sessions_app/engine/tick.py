@@ -9,6 +9,7 @@ again; the model gateway drives turns the same way around its model calls (``gat
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -17,7 +18,10 @@ from agentops import dispatch
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import session_counters
+from sessions_app.engine.compaction import compaction_arguments
+from sessions_app.engine.context import OVERFLOW, CompactionRange, compact_at, compaction_range, prompt_estimate
 from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
+from sessions_app.engine.prompt import system_prompt
 from sessions_app.engine.tool_steps import (
     StepRebound,
     runs_in_process,
@@ -25,9 +29,9 @@ from sessions_app.engine.tool_steps import (
     tool_step_execute,
     tool_step_gate,
 )
-from sessions_app.engine.turns import turn_fail_budget
+from sessions_app.engine.turns import turn_fail, turn_fail_budget
 from sessions_app.locks import session_lock_fetch
-from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.models import MODEL_KINDS, AgentSession, Step, Turn
 from sessions_app.services import step_claim, step_create_claimed, turn_transition
 
 INLINE_SECONDS = 30.0  # a worker hands the turn to a fresh task after this long
@@ -43,18 +47,54 @@ class Claimed:
 
 
 def _state(step: Step) -> StepState:
+    verification = step.kind == Step.Kind.VERIFICATION
+    content = (step.arguments or {}).get("answer") if verification else (step.message or {}).get("content")
     return StepState(id=step.id, index=step.index, status=step.status,
                      leased=step.lease_expires_at is not None,
                      in_process=step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
-                     content=str((step.message or {}).get("content") or ""))
+                     content=str(content or ""), kind=step.kind, error_code=step.error_code,
+                     met=bool(verification and (step.result or {}).get("all_met")))
+
+
+@dataclass
+class ContextView:
+    """The context figures of a snapshot, read only when the model may speak next."""
+
+    tokens: int = 0
+    limit: int | None = None
+    range: CompactionRange | None = None
+
+
+def _context(session: AgentSession, last_model: Step | None, tools: list[Step]) -> ContextView:
+    limit = compact_at(session.agent)
+    overflowed = last_model is not None and last_model.error_code == OVERFLOW
+    if (limit is None and not session.compact_requested and not overflowed) or any(
+            not t.is_settled for t in tools) or (
+            last_model is not None and last_model.status in (Step.Status.PLANNED, Step.Status.RUNNING)):
+        return ContextView(limit=limit)
+    tokens = prompt_estimate(session.id, len(system_prompt(session)) + 6)
+    wanted = overflowed or session.compact_requested or (limit is not None and tokens >= limit)
+    rng = compaction_range(session.id, session.agent.keep_recent_steps) if wanted else None
+    return ContextView(tokens=tokens, limit=limit, range=rng)
 
 
 def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools: list[Step], *,
-              calls_models: bool, fresh: bool) -> Snapshot:
+              calls_models: bool, fresh: bool, context: ContextView) -> Snapshot:
     turn_seconds = (timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0.0
     return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
                     tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
-                    calls_models=calls_models, fresh=fresh)
+                    calls_models=calls_models, fresh=fresh, context_tokens=context.tokens, compact_at=context.limit,
+                    compactable=context.range is not None, compact_requested=session.compact_requested,
+                    has_criteria=bool(session.acceptance_criteria), unmet_rounds=_unmet_rounds(turn, last_model),
+                    max_rework=session.agent.verification_rounds)
+
+
+def _unmet_rounds(turn: Turn, last_model: Step | None) -> int:
+    """This turn's verifications that found criteria unmet (read only after one)."""
+    if last_model is None or last_model.kind != Step.Kind.VERIFICATION:
+        return 0
+    return Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION, status=Step.Status.COMPLETED,
+                               result__all_met=False).count()
 
 
 def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bool = True,
@@ -70,19 +110,49 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         turn = Turn.objects.filter(pk=turn_id).first()
         if session is None or turn is None:
             return None
-        last_model = Step.objects.filter(turn=turn, kind=Step.Kind.MODEL).order_by("-index").first()
+        last_model = Step.objects.filter(turn=turn, kind__in=MODEL_KINDS).order_by("-index").first()
         tools = list(Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                          index__gt=last_model.index if last_model else -1).order_by("index"))
         while True:
+            context = _context(session, last_model, tools) if turn.status in Turn.ACTIVE else ContextView()
             decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
-                                             fresh=fresh))
+                                             fresh=fresh, context=context))
             if decision.turn_status is not None and turn.status != decision.turn_status:
                 turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status)
+            if decision.action == Action.COMPACT:
+                assert context.range is not None
+                return _compact(decision, turn, session, context)
+            if decision.action == Action.VERIFY:
+                assert decision.new_index is not None
+                rounds = Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION).count()
+                return _side_call(decision, turn, session, Step.Kind.VERIFICATION,
+                                  {"answer": decision.output_text, "round": rounds + 1})
             if decision.action != Action.GATE_TOOLS:
                 return _apply(decision, turn, session, last_model, tools)
             for step in tools:
                 if step.status == Step.Status.PLANNED:
                     step.status = tool_step_gate(step=step, session=session)
+
+
+def _compact(decision: Decision, turn: Turn, session: AgentSession, context: ContextView) -> Claimed | None:
+    """Plan a compaction step with the range it replaces; call it here or hand it to the gateway."""
+    assert context.range is not None
+    return _side_call(decision, turn, session, Step.Kind.COMPACTION,
+                      compaction_arguments(context.range, tokens_before=context.tokens, reason=decision.reason))
+
+
+def _side_call(decision: Decision, turn: Turn, session: AgentSession, kind: str,
+               arguments: dict[str, Any]) -> Claimed | None:
+    """Plan a compaction or verification step (a model call with its input fixed in ``arguments``,
+    so a re-run after a crash asks the same); call it here or hand it to the gateway."""
+    assert decision.new_index is not None
+    step = Step.objects.create(session=session, turn=turn, index=decision.new_index, kind=kind, arguments=arguments)
+    if not decision.claim:
+        dispatch.model_call_enqueue(step.id)
+        return None
+    claimed = step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
+                         event_type=f"{kind}.started", known=step)
+    return Claimed(claimed, session) if claimed else None
 
 
 def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: Step | None,
@@ -91,13 +161,23 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
     match decision.action:
         case Action.FINISHED | Action.WAIT:
             return None
+        case Action.FAIL_CONTEXT:
+            turn_fail(turn_id=turn.id, code="context_overflow",
+                      message="The prompt exceeds the model's context window and nothing older is left to compact "
+                              "(the pinned context and the recent steps alone are too large).")
+            return None
         case Action.FAIL_BUDGET:
             assert decision.budget is not None
             turn_fail_budget(turn_id=turn.id, session_id=session.id, budget=decision.budget)
             return None
         case Action.COMPLETE_TURN:
+            verified = last_model is not None and last_model.kind == Step.Kind.VERIFICATION
+            verdicts = (last_model.result or {}).get("verdicts") if verified and last_model else None
             turn_transition(turn_id=turn.id, session_id=session.id, to=Turn.Status.COMPLETED,
-                            output_text=decision.output_text)
+                            output_text=decision.output_text, verdicts=verdicts,
+                            criteria_unmet=decision.criteria_unmet)
+            if session.criteria_unmet != decision.criteria_unmet:
+                AgentSession.objects.filter(pk=session.id).update(criteria_unmet=decision.criteria_unmet)
             return None
         case Action.CLAIM_MODEL:
             if decision.step_id is None:
@@ -107,8 +187,9 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
                                            event_type="model.started")
                 return Claimed(step, session)
             assert last_model is not None
+            started = f"{last_model.kind}.started"
             claimed = step_claim(step_id=last_model.id, from_status=Step.Status.PLANNED,
-                                 lease_seconds=llm.model_lease_seconds(), event_type="model.started", known=last_model)
+                                 lease_seconds=llm.model_lease_seconds(), event_type=started, known=last_model)
             return Claimed(claimed, session) if claimed else None
         case Action.ENQUEUE_MODEL:
             step_id = decision.step_id

@@ -40,17 +40,22 @@ def running(argv: list[str], stderr_path: Path, timeout: float = 30) -> Iterator
 @pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
 def test_scripted_model_cli_announces_its_url_and_takes_every_option(command: list[str], tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
-    argv = [*command, "--port", "0", "--quiet", "--api-key", "right", "--request-log", str(log)]
+    argv = [*command, "--port", "0", "--quiet", "--api-key", "right", "--request-log", str(log),
+            "--context-window", "50"]
     with running(argv, tmp_path / "stderr") as base_url:
         client = OpenAI(base_url=base_url, api_key="right", max_retries=0)
         models = client.models.list()
         answer = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "say hi"}])
         with pytest.raises(openai.AuthenticationError):
             OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+        with pytest.raises(openai.BadRequestError) as too_long:
+            client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "say " + "x" * 300}])
         logged = [json.loads(line) for line in log.read_text().splitlines()]
 
     assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
     assert [m.id for m in models.data] == ["scripted"]
     assert answer.choices[0].message.content == "hi"
-    assert [(e["seq"], e["kind"], e["last_user_message"]) for e in logged] == [(1, "text", "say hi")]
+    assert too_long.value.code == "context_length_exceeded"
+    assert [(e["seq"], e["kind"], e["status"]) for e in logged] == [(1, "text", 200), (2, "error", 400)]
+    assert logged[0]["last_user_message"] == "say hi"
     assert "GET /v1/models" not in (tmp_path / "stderr").read_text()  # --quiet: no access log

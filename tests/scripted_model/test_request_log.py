@@ -17,7 +17,7 @@ from scripted_model.server import ScriptedModelServer, start_in_thread
 from tests.scripted_model.chat import ask, assistant_turn, tool_result
 
 FIELDS = {"seq", "received_at", "finished_at", "model", "message_count", "last_user_message", "position", "kind",
-          "status"}
+          "status", "prompt_tokens", "purpose", "system"}
 
 
 @pytest.fixture

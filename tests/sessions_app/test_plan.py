@@ -16,8 +16,10 @@ M = uuid.UUID(int=1)
 T1, T2, T3 = uuid.UUID(int=11), uuid.UUID(int=12), uuid.UUID(int=13)
 
 
-def model(status: str, *, index: int = 0, content: str = "") -> StepState:
-    return StepState(id=M, index=index, status=status, leased=status == "running", content=content)
+def model(status: str, *, index: int = 0, content: str = "", kind: str = "model", error_code: str = "",
+          met: bool = False) -> StepState:
+    return StepState(id=M, index=index, status=status, leased=status == "running", content=content, kind=kind,
+                     error_code=error_code, met=met)
 
 
 def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, in_process: bool = False) -> StepState:
@@ -26,9 +28,14 @@ def tool(step_id: uuid.UUID, status: str, *, index: int, leased: bool = False, i
 
 def snap(turn: str = "running", last_model: StepState | None = None, tools: tuple[StepState, ...] = (),
          counters: dict[str, Any] | None = None, turn_seconds: float = 1.0, calls_models: bool = False,
-         fresh: bool = True) -> Snapshot:
+         fresh: bool = True, context_tokens: int = 0, compact_at: int | None = None,
+         compactable: bool = False, compact_requested: bool = False, has_criteria: bool = False,
+         unmet_rounds: int = 0, max_rework: int = 2) -> Snapshot:
     return Snapshot(turn_status=turn, last_model=last_model, tools=tools, counters=counters or NO_BUDGETS,
-                    turn_seconds=turn_seconds, calls_models=calls_models, fresh=fresh)
+                    turn_seconds=turn_seconds, calls_models=calls_models, fresh=fresh, context_tokens=context_tokens,
+                    compact_at=compact_at, compactable=compactable,
+                    compact_requested=compact_requested, has_criteria=has_criteria, unmet_rounds=unmet_rounds,
+                    max_rework=max_rework)
 
 
 def budgets(**limits: int) -> dict[str, Any]:
@@ -131,6 +138,71 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
     ("a waiting approval is not failed by a budget",
      snap("running", model("completed"), (tool(T1, "awaiting_approval", index=1),), counters=budgets(max_tokens=1)),
      Decision(Action.WAIT, turn_status="awaiting_approval")),
+    # Compaction: before the model call whose prompt would cross the threshold.
+    ("prompt below the threshold", snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+                                        context_tokens=799, compact_at=800, compactable=True),
+     Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
+    ("prompt at the threshold: compact first, in the gateway",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),), calls_models=True,
+          context_tokens=800, compact_at=800, compactable=True),
+     Decision(Action.COMPACT, turn_status="running", new_index=2, claim=True, reason="threshold")),
+    ("prompt at the threshold, Celery tick: the compaction goes to the gateway",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+          context_tokens=900, compact_at=800, compactable=True),
+     Decision(Action.COMPACT, turn_status="running", new_index=2, claim=False, reason="threshold")),
+    ("over the threshold but nothing older than the recent steps: call anyway",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+          context_tokens=900, compact_at=800, compactable=False),
+     Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
+    ("no window: never compact", snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+                                      context_tokens=10**9, compact_at=None, compactable=True),
+     Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
+    ("just compacted: the model call follows, never a second compaction",
+     snap("running", model("completed", index=2, kind="compaction"), calls_models=True,
+          context_tokens=900, compact_at=800, compactable=True),
+     Decision(Action.CLAIM_MODEL, turn_status="running", new_index=3)),
+    ("compaction running: wait", snap("running", model("running", index=2, kind="compaction")), Decision(Action.WAIT)),
+    ("compaction planned (after a crash), gateway", snap("running", model("planned", index=2, kind="compaction"),
+                                                         calls_models=True),
+     Decision(Action.CLAIM_MODEL, turn_status="running", step_id=M)),
+    ("the budget stops a compaction too", snap("running", model("completed"), (tool(T1, "completed", index=1),),
+                                              counters=budgets(max_model_calls=3), context_tokens=900,
+                                              compact_at=800, compactable=True),
+     Decision(Action.FAIL_BUDGET, turn_status="running", budget=Budget("max_model_calls", 3, 3))),
+    ("the provider said the prompt is too long: compact, then retry",
+     snap("running", model("failed", index=3, error_code="context_length_exceeded"), calls_models=True,
+          context_tokens=100, compact_at=800, compactable=True),
+     Decision(Action.COMPACT, turn_status="running", new_index=4, claim=True, reason="overflow")),
+    ("an operator asked to compact: before the next call, window or not",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),), calls_models=True,
+          context_tokens=10, compact_at=None, compactable=True, compact_requested=True),
+     Decision(Action.COMPACT, turn_status="running", new_index=2, claim=True, reason="operator")),
+    ("an operator's request with nothing to compact: the call goes on",
+     snap("running", model("completed", index=0), (tool(T1, "completed", index=1),),
+          compactable=False, compact_requested=True),
+     Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
+    # Verification: an answer is judged against the acceptance criteria before the turn completes.
+    ("final answer with acceptance criteria: verify it first",
+     snap("running", model("completed", index=4, content="done"), calls_models=True, has_criteria=True),
+     Decision(Action.VERIFY, turn_status="running", new_index=5, claim=True, output_text="done")),
+    ("verification running: wait", snap("running", model("running", index=5, kind="verification"),
+                                        has_criteria=True), Decision(Action.WAIT)),
+    ("criteria met: the verified answer completes the turn",
+     snap("running", model("completed", index=5, kind="verification", content="done", met=True),
+          has_criteria=True, unmet_rounds=0),
+     Decision(Action.COMPLETE_TURN, turn_status="running", output_text="done")),
+    ("criteria unmet, rounds left: back to work",
+     snap("running", model("completed", index=5, kind="verification", content="done"), calls_models=True,
+          has_criteria=True, unmet_rounds=2, max_rework=2),
+     Decision(Action.CLAIM_MODEL, turn_status="running", new_index=6)),
+    ("criteria unmet after the last round: complete, flagged",
+     snap("running", model("completed", index=9, kind="verification", content="done"),
+          has_criteria=True, unmet_rounds=3, max_rework=2),
+     Decision(Action.COMPLETE_TURN, turn_status="running", output_text="done", criteria_unmet=True)),
+    ("too long and nothing left to compact: fail with a clear code",
+     snap("running", model("failed", index=3, error_code="context_length_exceeded"),
+          context_tokens=100, compact_at=800, compactable=False),
+     Decision(Action.FAIL_CONTEXT, turn_status="running")),
 ]
 
 

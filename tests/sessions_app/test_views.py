@@ -222,8 +222,8 @@ def test_session_page_constant_queries(operator: User, agent: AgentProfile, turn
         add_turn_with_steps(session, steps=1 + i, text=f"t{i}")
     client = login(operator)
     client.get(f"/sessions/{session.id}/")
-    # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas, artifacts,
-    # grants
+    # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas,
+    # notes (pinned edits, compaction requests), artifacts, grants
     with django_assert_num_queries(11):
         response = client.get(f"/sessions/{session.id}/")
     assert response.status_code == 200
