@@ -87,10 +87,13 @@ def clients() -> tuple[object, dict[str, str]]:
     from django.contrib.auth.models import Group, User
     from django.test import Client
 
+    from agentops.models import TeamMembership, TeamRole
     from agentops.services import api_token_create
+    from proof.scale_data import scale_team
 
     user, _ = User.objects.get_or_create(username="scale-viewer")
     user.groups.add(*Group.objects.filter(name__in=["operators", "reviewers"]))
+    TeamMembership.objects.get_or_create(team=scale_team(), user=user, defaults={"role": TeamRole.BOTH})
     client = Client()
     client.force_login(user)
     token = api_token_create(username=user.username)[1]

@@ -14,8 +14,11 @@ from typing import Any
 from django.contrib.auth.models import Group, User
 from django.db import connection, transaction
 
+from agentops.models import Team, TeamMembership, TeamRole
 from proof.scale import Size
 from sessions_app.models import AgentProfile
+
+TEAM = "scale"
 
 WORDS = ["deploy", "invoice", "migrate", "report", "backup", "refactor", "billing", "onboarding",
          "release", "audit", "cleanup", "dashboard", "pipeline", "schema", "search", "upgrade"]
@@ -23,8 +26,14 @@ TOOLS = ["send_email", "write_file", "run_command", "http_request"]
 EVENT_TYPES = ["turn.started", "model.completed", "tool.started", "tool.completed", "model.delta"]
 
 
-def _people(size: Size) -> tuple[list[int], list[int]]:
-    """Owners (operators and reviewers) and agents, by id."""
+def scale_team() -> Team:
+    """The team everything generated belongs to (its viewers must be members to see it)."""
+    return Team.objects.get_or_create(slug=TEAM, defaults={"name": "Scale"})[0]
+
+
+def _people(size: Size) -> tuple[int, list[int], list[int]]:
+    """The team, owners (operators and reviewers, members of it) and agents, by id."""
+    team = scale_team()
     groups = list(Group.objects.filter(name__in=["operators", "reviewers"]))
     owners = []
     for n in range(size.owners):
@@ -33,22 +42,24 @@ def _people(size: Size) -> tuple[list[int], list[int]]:
             user.set_unusable_password()
             user.save(update_fields=["password"])
             user.groups.add(*groups)
+        TeamMembership.objects.get_or_create(team=team, user=user, defaults={"role": TeamRole.BOTH})
         owners.append(user.pk)
     agents = [AgentProfile.objects.update_or_create(slug=f"scale-agent-{n}",
-                                                    defaults={"name": f"Scale agent {n}", "model": "scripted"})[0].pk
+                                                    defaults={"name": f"Scale agent {n}", "model": "scripted",
+                                                              "team": team})[0].pk
               for n in range(size.agents)]
-    return owners, agents
+    return team.pk, owners, agents
 
 
 def generate(size: Size) -> dict[str, int]:
     """Fill the (empty) database; returns the row counts written."""
     if size.pending >= size.sessions:
         raise ValueError("pending approvals need a session each, and the heavy one has none")
-    owners, agents = _people(size)
+    team, owners, agents = _people(size)
     per_session = (size.events - size.heavy_events) // (size.sessions - 1)
     extra = (size.events - size.heavy_events) - per_session * (size.sessions - 1)
-    params: dict[str, Any] = {"owners": owners, "agents": agents, "words": WORDS, "tools": TOOLS, "types": EVENT_TYPES,
-              "sessions": size.sessions, "pending": size.pending, "per_session": per_session, "extra": extra,
+    params: dict[str, Any] = {"team": team, "owners": owners, "agents": agents, "words": WORDS, "tools": TOOLS,
+              "types": EVENT_TYPES, "sessions": size.sessions, "pending": size.pending, "per_session": per_session, "extra": extra,
               "heavy_events": size.heavy_events, "heavy_turns": size.heavy_turns, "tps": size.turns_per_session}
     with transaction.atomic(), connection.cursor() as cur:
         # n = 1 is the heavy session; n = 2 .. pending + 1 wait for a reviewer; the rest are idle,
@@ -72,11 +83,13 @@ def generate(size: Size) -> dict[str, int]:
             INSERT INTO sessions_app_agentsession
                 (id, title, status, requirements, prohibitions, acceptance_criteria, metadata, tool_calls,
                  model_calls, prompt_tokens, completion_tokens, wall_seconds, workspace, last_seq,
-                 last_event_at, created_at, updated_at, agent_id, owner_id)
+                 last_event_at, created_at, updated_at, agent_id, owner_id, team_id, pinned_revision,
+                 compact_requested, criteria_unmet)
             SELECT id, initcap((%(words)s::text[])[1 + n %% 16]) || ' ' || (%(words)s::text[])[1 + (n / 16) %% 16]
                        || ' #' || n,
                    status, '[]', '[]', '[]', '{}', turns, turns * 2, turns * 900, turns * 120, turns * 3.5, '',
-                   events, created_at + events * interval '10 ms', created_at, created_at, agent_id, owner_id
+                   events, created_at + events * interval '10 ms', created_at, created_at, agent_id, owner_id,
+                   %(team)s, 0, false, false
             FROM gen_session""", params)
         cur.execute("""
             CREATE TEMP TABLE gen_turn ON COMMIT DROP AS
@@ -92,14 +105,14 @@ def generate(size: Size) -> dict[str, int]:
             INSERT INTO sessions_app_turn
                 (id, index, input, status, output_text, error_code, error_message, retryable, prompt_tokens,
                  completion_tokens, idempotency_key, created_at, started_at, finished_at, updated_at,
-                 created_by_id, session_id)
+                 created_by_id, session_id, criteria_unmet)
             SELECT id, index,
                    'Please ' || (%(words)s::text[])[1 + (n + index) %% 16] || ' the ' ||
                        (%(words)s::text[])[1 + (n * 3 + index) %% 16] || ' (ticket T' || n || '-' || index || ')',
                    status, CASE WHEN status = 'completed' THEN 'Done.' ELSE '' END,
                    CASE WHEN status = 'failed' THEN 'tool_failed' ELSE '' END, '', false, 900, 120, '',
                    created_at, created_at, CASE WHEN status IN ('completed', 'failed') THEN created_at END,
-                   created_at, owner_id, session_id
+                   created_at, owner_id, session_id, false
             FROM gen_turn""", params)
         # Two steps per turn: the model call, then the tool it asked for.
         cur.execute("""
@@ -136,10 +149,11 @@ def generate(size: Size) -> dict[str, int]:
             INSERT INTO approvals_app_approvalrequest
                 (request_id, kind, tool_name, arguments, arguments_sha256, approval_mode, risk, risk_note,
                  sandbox_backend, network_policy, preview, status, decision, reason, seen_sha256, remember,
-                 created_at, updated_at, session_id, step_id, turn_id)
+                 created_at, updated_at, session_id, step_id, turn_id, team_id, run_spec, approved_sha256)
             SELECT gen_random_uuid(), 'tool', st.tool_name, st.arguments, md5(st.id::text) || md5(st.id::text),
                    'mutating', (ARRAY['low', 'medium', 'high'])[1 + t.n %% 3], '', 'bubblewrap', 'none', '',
-                   'pending', '', '', '', false, t.created_at, t.created_at, t.session_id, st.id, t.id
+                   'pending', '', '', '', false, t.created_at, t.created_at, t.session_id, st.id, t.id,
+                   %(team)s, '{}'::jsonb, ''
             FROM gen_turn t JOIN sessions_app_step st ON st.turn_id = t.id AND st.index = 1
             WHERE t.status = 'awaiting_approval'""", params)
         # ON COMMIT DROP is not enough inside an outer transaction (a test's): a second call needs them gone.
