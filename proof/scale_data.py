@@ -59,7 +59,8 @@ def generate(size: Size) -> dict[str, int]:
     per_session = (size.events - size.heavy_events) // (size.sessions - 1)
     extra = (size.events - size.heavy_events) - per_session * (size.sessions - 1)
     params: dict[str, Any] = {"team": team, "owners": owners, "agents": agents, "words": WORDS, "tools": TOOLS,
-              "types": EVENT_TYPES, "sessions": size.sessions, "pending": size.pending, "per_session": per_session, "extra": extra,
+              "types": EVENT_TYPES, "sessions": size.sessions, "pending": size.pending, "per_session": per_session,
+              "extra": extra,
               "heavy_events": size.heavy_events, "heavy_turns": size.heavy_turns, "tps": size.turns_per_session}
     with transaction.atomic(), connection.cursor() as cur:
         # n = 1 is the heavy session; n = 2 .. pending + 1 wait for a reviewer; the rest are idle,
