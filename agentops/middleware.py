@@ -53,11 +53,15 @@ class ApiErrorShapeMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
         shape = self.CODES.get(response.status_code)
-        if shape is None or not request.path.startswith("/api/") \
+        if shape is None or not request.path.startswith(("/api/", "/openai/")) \
                 or response.get("Content-Type", "").startswith("application/json"):
             return response
         code, message = shape
-        shaped = JsonResponse({"code": code, "message": message, "details": {}}, status=response.status_code)
+        if request.path.startswith("/openai/"):
+            shaped = JsonResponse({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                             "param": None}}, status=response.status_code)
+        else:
+            shaped = JsonResponse({"code": code, "message": message, "details": {}}, status=response.status_code)
         if response.has_header("Allow"):
             shaped["Allow"] = response["Allow"]
         return shaped

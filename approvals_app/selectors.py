@@ -107,3 +107,9 @@ def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
     now = timezone.now()
     return ApprovalGrant.objects.filter(session_id=uuid.UUID(str(session_id)), tool_name=tool_name,
                                         revoked_at__isnull=True).exclude(expires_at__lte=now).exists()
+
+
+def approvals_pending_of_session(session_id: Any) -> list[ApprovalRequest]:
+    """The session's requests waiting for a reviewer, oldest first."""
+    return list(ApprovalRequest.objects.filter(session_id=session_id, status=ApprovalRequest.Status.PENDING)
+                .order_by("created_at", "id"))

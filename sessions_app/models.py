@@ -40,6 +40,8 @@ class AgentProfile(models.Model):
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     max_wall_seconds = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
+    # The integration's own key/value pairs (the OpenAI Agents API's agent metadata), echoed back.
+    metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

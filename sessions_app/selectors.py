@@ -58,9 +58,11 @@ def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
 
 
 def sessions_list(*, status: str | None = None, agent: str | None = None, owner: str | None = None,
-                  q: str | None = None) -> QuerySet[AgentSession]:
-    """Newest first; ``q`` searches titles and turn inputs."""
+                  q: str | None = None, metadata: dict[str, str] | None = None) -> QuerySet[AgentSession]:
+    """Newest first; ``q`` searches titles and turn inputs; ``metadata`` matches keys exactly."""
     qs = AgentSession.objects.select_related("agent", "owner").order_by("-created_at", "-id")
+    for key, value in (metadata or {}).items():
+        qs = qs.filter(**{f"metadata__{key}": value})
     if status:
         qs = qs.filter(status=status)
     if agent:
@@ -246,3 +248,36 @@ def artifact_file_get(*, artifact_id: Any, session_id: Any = None) -> ArtifactFi
     if not path.is_relative_to(root) or not path.is_file():
         raise NotFound("The artifact's content is missing from storage.")
     return ArtifactFile(artifact=artifact, path=path)
+
+
+def client_steps_waiting(session_id: Any) -> list[Step]:
+    """Tool steps of the session's active turn that wait for the integration's output: running
+    with no lease (a leased running step is a command a worker runs). In order."""
+    return list(Step.objects.filter(session_id=session_id, kind=Step.Kind.TOOL, status=Step.Status.RUNNING,
+                                    lease_expires_at__isnull=True, turn__status__in=Turn.ACTIVE)
+                .order_by("turn__index", "index"))
+
+
+def turn_of_session(*, session_id: Any, turn_id: Any) -> Turn:
+    """A turn of this session; NotFound for another session's turn or an unknown id."""
+    return _get(Turn.objects.filter(session_id=session_id).select_related("session__agent"), turn_id, "turn")
+
+
+def turn_last_failed(session_id: Any) -> Turn | None:
+    return Turn.objects.filter(session_id=session_id, status=Turn.Status.FAILED).order_by("-index").first()
+
+
+def agent_get_enabled(slug: str) -> AgentProfile:
+    """An enabled agent profile (a retired one is gone for the integrations)."""
+    try:
+        return AgentProfile.objects.prefetch_related("tools").get(slug=slug, enabled=True)
+    except AgentProfile.DoesNotExist as exc:
+        raise NotFound(f"No agent {slug!r}", details={"field": "agent_id"}) from exc
+
+
+def artifact_of_session(*, session_id: Any, artifact_id: Any) -> Artifact:
+    return _get(Artifact.objects.filter(session_id=session_id), artifact_id, "artifact")
+
+
+def artifacts_of_session_qs(session_id: Any) -> QuerySet[Artifact]:
+    return Artifact.objects.filter(session_id=session_id)

@@ -18,6 +18,7 @@ progress").
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 from uuid import UUID
 
@@ -95,10 +96,11 @@ def sse_frame(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, default=str)}\n\n"
 
 
-async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
-                       read: Reader | None = None) -> AsyncGenerator[str, None]:
-    """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
-    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given."""
+async def session_events(session_id: UUID, after: int, *, max_seconds: float | None = None,
+                         read: Reader | None = None) -> AsyncGenerator[dict[str, Any] | None, None]:
+    """The session's events after ``after`` (``Event.as_dict()``), then live ones, each once and in
+    seq order; ``None`` first (the subscription is in place) and every HEARTBEAT_SECONDS without an
+    event; ends after ``max_seconds`` when given."""
     layer = get_channel_layer()
     group = session_group(session_id)
     channel = await layer.new_channel() if layer is not None else ""
@@ -108,9 +110,9 @@ async def event_stream(session_id: UUID, after: int, *, max_seconds: float | Non
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds if max_seconds else None
     try:
-        yield ": connected\n\n"
+        yield None
         async for message in feed.backlog():
-            yield sse_frame(message["event"])
+            yield message["event"]
         while deadline is None or loop.time() < deadline:
             timeout = HEARTBEAT_SECONDS if deadline is None else min(HEARTBEAT_SECONDS, deadline - loop.time())
             try:
@@ -119,10 +121,24 @@ async def event_stream(session_id: UUID, after: int, *, max_seconds: float | Non
                     raise TimeoutError
                 received = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
             except TimeoutError:
-                yield ": heartbeat\n\n"
+                yield None
                 continue
             async for message in feed.live(received):
-                yield sse_frame(message["event"])
+                yield message["event"]
     finally:
         if layer is not None:
             await layer.group_discard(group, channel)
+
+
+async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
+                       read: Reader | None = None) -> AsyncGenerator[str, None]:
+    """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
+    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given."""
+    first = True
+    async with aclosing(session_events(session_id, after, max_seconds=max_seconds, read=read)) as events:
+        async for event in events:
+            if event is not None:
+                yield sse_frame(event)
+            else:
+                yield ": connected\n\n" if first else ": heartbeat\n\n"
+            first = False

@@ -13,7 +13,13 @@ from sessions_app.engine.turns import turn_cancel
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import session_create, session_create_with_turn, step_transition, turn_create
+from sessions_app.services import (
+    session_create,
+    session_create_with_turn,
+    session_quota_check,
+    step_transition,
+    turn_create,
+)
 
 MAX_TOOL_OUTPUT_CHARS = 1_000_000
 
@@ -22,7 +28,9 @@ def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: s
                   pinned: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
                   metadata: dict[str, Any] | None = None,
                   idempotency_key: str = "") -> tuple[AgentSession, Turn | None]:
-    """Create a session and, with input, its first turn; the engine starts after commit."""
+    """Create a session and, with input, its first turn; the engine starts after commit. 429
+    while the owner has too many sessions working (``session_quota_check``)."""
+    session_quota_check(owner=owner)
     if not title and input:
         title = input.strip().splitlines()[0][:80]
     if not (input and input.strip()):
@@ -60,15 +68,19 @@ def session_cancel(*, session_id: uuid.UUID | str, actor: User | None = None) ->
 
 
 @transaction.atomic
-def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any, success: bool = True) -> Step:
-    """The integration's result for a client tool call; the turn resumes when none is left."""
+def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any, success: bool = True,
+                       turn_id: uuid.UUID | str | None = None) -> Step:
+    """The integration's result for a client tool call (of ``turn_id`` when given); the turn
+    resumes when none is left."""
     try:
         key = uuid.UUID(str(session_id))
         session_lock(key)
-        step = (Step.objects.select_for_update().filter(session_id=key, call_id=call_id, kind=Step.Kind.TOOL)
-                .order_by("-created_at").first())
+        steps = Step.objects.select_for_update().filter(session_id=key, call_id=call_id, kind=Step.Kind.TOOL)
+        if turn_id is not None:
+            steps = steps.filter(turn_id=uuid.UUID(str(turn_id)))
+        step = steps.order_by("-created_at").first()
     except ValueError as exc:
-        raise NotFound(f"No session {session_id}") from exc
+        raise NotFound(f"No session {session_id}" if turn_id is None else f"No tool call {call_id!r}") from exc
     if step is None:
         raise NotFound(f"No tool call {call_id!r} in this session", details={"call_id": call_id})
     text = output if isinstance(output, str) else json.dumps(output)
