@@ -186,7 +186,7 @@ def sessions_list_api(request: AuthedRequest, after: str | None = None, agent_id
     require_perm(request.user, VIEW_SESSIONS)
     limit, order = parse.list_params(limit, order)
     metadata = parse.deep_object(request, "metadata")
-    qs = selectors.sessions_list(agent=agent_id, metadata=metadata)
+    qs = selectors.sessions_list(agent=agent_id, metadata=metadata).prefetch_related("agent__tools")
     after_row = selectors.session_get(after) if after else None
     return _page(qs, after_row=after_row, order=order, limit=limit, fields=("created_at", "id"),
                  serialize=lambda s: wire.session_out(s))
