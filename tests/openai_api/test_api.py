@@ -24,7 +24,7 @@ from tools_app.services import tool_definitions_seed
 pytestmark = pytest.mark.django_db
 
 NumQueries = Callable[..., Any]
-BETA = {"HTTP_OPENAI_BETA": "agents=v1"}
+BETA: dict[str, Any] = {"HTTP_OPENAI_BETA": "agents=v1"}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                           "additionalProperties": False}}
@@ -185,7 +185,7 @@ def test_an_unknown_tool_call_is_the_exact_error_the_sdk_retries_on(wire_client:
                      HTTP_IDEMPOTENCY_KEY=key)
     assert accepted.status_code == 202
     step.refresh_from_db()
-    assert step.status == Step.Status.COMPLETED and step.result["output"] == "sunny"
+    assert step.status == Step.Status.COMPLETED and (step.result or {})["output"] == "sunny"
     replayed = _post(wire_client, f"/agents/sessions/{session['id']}/events", {"events": [result]},
                      HTTP_IDEMPOTENCY_KEY=key)
     assert replayed.status_code == 202 and replayed["Idempotent-Replayed"] == "true"
