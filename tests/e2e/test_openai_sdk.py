@@ -15,7 +15,7 @@ from openai.lib.beta.agents import function_tool
 
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import AgentSession, Event, Turn
-from tests.e2e.conftest import Stack, World
+from tests.e2e.conftest import ROOT, Stack, World
 from tests.helpers import api_token, script, tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -208,6 +208,18 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     assert not AgentSession.objects.filter(pk=session_id).exists()
     reviewer_api.close()
     reviewer_sdk.close()
+
+
+def test_the_readme_example_runs_as_written(sdk: OpenAI, world: World, stack: Stack,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- sdk-example -->", 1)[1].split("<!-- /sdk-example -->", 1)[0]
+    code = block.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    namespace = {"OpenAI": OpenAI, "function_tool": function_tool, "AGENTOPS_URL": stack.url,
+                 "TOKEN": api_token(world.operator)}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    assert capsys.readouterr().out == "get_weather: sunny in Paris\n"
+    assert AgentSession.objects.filter(owner=world.operator, status=AgentSession.Status.IDLE).count() == 1
 
 
 def test_every_error_class_reaches_the_sdk_as_its_exception(sdk: OpenAI, world: World, stack: Stack) -> None:
