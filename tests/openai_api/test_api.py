@@ -11,11 +11,13 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from openai._streaming import SSEDecoder
 
+from approvals_app.models import ApprovalRequest
+from approvals_app.services import approval_request_create
 from openai_api import wire
 from openai_api.streams import data_frame
 from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
-from sessions_app.services import step_transition
+from sessions_app.services import step_transition, turn_transition
 from tests import factories
 from tests.helpers import api_client
 from tools_app.models import ToolDefinition
@@ -223,3 +225,43 @@ def test_sse_frames_decode_in_the_sdk_even_around_keepalives() -> None:
               data_frame({"type": "agent.session.idle", "event_id": "evt_2_0"}), ": ok\n\n"]
     decoded = list(SSEDecoder().iter_bytes(iter([f.encode() for f in frames])))
     assert [json.loads(sse.data)["type"] for sse in decoded] == ["agent.session.in_progress", "agent.session.idle"]
+
+
+def test_approvals_answered_on_the_wire_follow_agentops_rules(wire_client: Client, operator: User,
+                                                              reviewer: User) -> None:
+    tool_definitions_seed()
+    agent = _agent(wire_client, tools=[WEATHER, {"type": "function", "name": "write_file"}])
+    session = _post(wire_client, "/agents/sessions", {"environment": {"type": "none"}, "agent_id": agent["id"],
+                                                      "input": "write"}).json()
+    turn = Turn.objects.get(session_id=session["id"])
+    step = Step.objects.create(session_id=session["id"], turn=turn, index=1, kind=Step.Kind.TOOL,
+                               tool_name="write_file", call_id="call_w", arguments={"path": "a.txt", "content": "x"})
+    approval = approval_request_create(step_id=step.id, risk="medium")
+    turn_transition(turn_id=turn.id, to=Turn.Status.RUNNING)
+    turn_transition(turn_id=turn.id, to=Turn.Status.AWAITING_APPROVAL)
+
+    snapshot = _get(wire_client, f"/agents/sessions/{session['id']}").json()
+    assert snapshot["status"] == "requires_action"
+    [action] = snapshot["required_actions"]
+    assert action["type"] == "mcp_approval_request" and action["request_id"] == str(approval.request_id)
+    assert action["request"]["name"] == "write_file"
+    assert action["request"]["arguments_sha256"] == approval.arguments_sha256
+
+    def answer(client: Client, **response: Any) -> Any:
+        return _post(client, f"/agents/sessions/{session['id']}/events", {"events": [{
+            "type": "agent.session.input.mcp_approval_request_result", "request_id": str(approval.request_id),
+            "response": {"type": "mcp_tool_call", **response}}]})
+
+    operator.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    own = answer(wire_client, decision="approve")
+    assert own.status_code == 403 and own.json()["error"]["code"] == "self_approval_forbidden"
+    reviewer_client = api_client(reviewer)
+    assert answer(reviewer_client, decision="cancel").status_code == 202
+    stale = answer(reviewer_client, decision="approve", arguments_sha256="0" * 64)
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_arguments"
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    assert answer(reviewer_client, decision="approve",
+                  arguments_sha256=approval.arguments_sha256).status_code == 202
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED and approval.decided_by == reviewer
