@@ -52,12 +52,11 @@ TURN_STATUS = {
 # agentops's turn error codes → the wire's SessionTurnError codes.
 TURN_ERROR_CODE = {
     "budget_exceeded": "usage_limit_exceeded",
-    "model_auth": "authentication_error",
-    "model_policy": "misalignment_policy_violation",
+    "authentication_error": "authentication_error",
+    "policy_refusal": "misalignment_policy_violation",
+    "model_error": "invalid_request",
     "model_unavailable": "server_overloaded",
-    "model_timeout": "request_timeout",
-    "context_length_exceeded": "context_length_exceeded",
-    "sandbox_error": "sandbox_error",
+    "lease_expired": "request_timeout",
 }
 SETTLED_TOOL_STATUS = {
     Step.Status.COMPLETED: "completed", Step.Status.FAILED: "failed", Step.Status.REJECTED: "failed",
