@@ -26,11 +26,10 @@ from openai_api.streams import wire_event_stream
 from sessions_app import selectors, services
 from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
-from sessions_app.models import AgentProfile, AgentSession, Artifact, Turn
+from sessions_app.models import AgentSession, Artifact
 from sessions_app.services import TurnActive
 from tools_app.models import ToolDefinition
 from tools_app.selectors import tool_definitions_by_name
-from tools_app.services import tool_definition_client_ensure
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +134,8 @@ def _empty_page() -> dict[str, Any]:
 
 # --- agents -----------------------------------------------------------------------------------
 
-def _tools(specs: list[parse.FunctionSpec]) -> list[ToolDefinition]:
-    return [tool_definition_client_ensure(name=s.name, description=s.description, parameters_schema=s.parameters)
-            for s in specs]
+def _functions(specs: list[parse.FunctionSpec]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "description": s.description, "parameters": s.parameters} for s in specs]
 
 
 # Routes under /agents/sessions are declared before /agents/{agent_id}: the first match wins.
@@ -170,7 +168,7 @@ def session_create_api(request: AuthedRequest) -> Any:
         require_perm(request.user, ADD_AGENTS)
         agent = services.agent_profile_create(name=spec.agent.name or "session agent", model=spec.agent.model,
                                               instructions=spec.agent.instructions,
-                                              tools=_tools(spec.agent.tools))
+                                              functions=_functions(spec.agent.tools))
     session, turn = engine.session_start(agent=agent, owner=request.user, input=spec.input,
                                          metadata=spec.metadata,
                                          idempotency_key=request.headers.get("Idempotency-Key", ""))
@@ -288,7 +286,7 @@ def turns_list_api(request: AuthedRequest, session_id: str, after: str | None = 
     session = selectors.session_get(session_id)
     limit, order = parse.list_params(limit, order)
     after_row = selectors.turn_of_session(session_id=session.id, turn_id=after) if after else None
-    return _page(Turn.objects.filter(session_id=session.id), after_row=after_row, order=order, limit=limit,
+    return _page(selectors.turns_of_session_qs(session.id), after_row=after_row, order=order, limit=limit,
                  fields=("index", "id"), serialize=lambda t: wire.turn_out(t, session.agent.slug))
 
 
@@ -465,7 +463,7 @@ def agent_create_api(request: AuthedRequest) -> dict[str, Any]:
     spec = parse.agent_create(parse.body(request))
     agent = services.agent_profile_create(name=spec.name or "agent", model=spec.model,
                                           instructions=spec.instructions, metadata=spec.metadata,
-                                          tools=_tools(spec.tools))
+                                          functions=_functions(spec.tools))
     return wire.agent_out(selectors.agent_get_enabled(agent.slug))
 
 
@@ -475,7 +473,7 @@ def agents_list_api(request: AuthedRequest, after: str | None = None, limit: int
     require_perm(request.user, VIEW_SESSIONS)
     limit, order = parse.list_params(limit, order)
     after_row = selectors.agent_get_enabled(after) if after else None
-    return _page(AgentProfile.objects.filter(enabled=True).prefetch_related("tools"), after_row=after_row,
+    return _page(selectors.agents_enabled(), after_row=after_row,
                  order=order, limit=limit, fields=("created_at", "id"), serialize=wire.agent_out)
 
 
@@ -490,8 +488,8 @@ def agent_update_api(request: AuthedRequest, agent_id: str) -> dict[str, Any]:
     require_perm(request.user, CHANGE_AGENTS)
     agent = selectors.agent_get_enabled(agent_id)
     spec = parse.agent_update(parse.body(request))
-    services.agent_profile_update(agent_id=agent.pk, tools=_tools(spec.tools) if spec.tools is not None else None,
-                                  **spec.fields)
+    services.agent_profile_update(agent_id=agent.pk, functions=_functions(spec.tools) if spec.tools is not None
+                                  else None, **spec.fields)
     return wire.agent_out(selectors.agent_get_enabled(agent.slug))
 
 

@@ -138,6 +138,11 @@ def turns_of_session(session_id: Any) -> list[Turn]:
     return list(Turn.objects.filter(session_id=session_id).order_by("index"))
 
 
+def turns_of_session_qs(session_id: Any) -> QuerySet[Turn]:
+    """A session's turns (unordered: the caller pages them)."""
+    return Turn.objects.filter(session_id=session_id)
+
+
 def turns_by_id(turn_ids: Iterable[Any]) -> dict[str, Turn]:
     """Turns (with who created them) by their id as text, one query (none for no ids)."""
     keys = _uuids(turn_ids)

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
 from tools_app.models import ToolDefinition
+from tools_app.services import tool_definition_client_ensure
 
 M = TypeVar("M", AgentSession, Turn, Step)
 TURN_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED)
@@ -395,10 +396,19 @@ def session_quota_check(*, owner: User) -> None:
         raise TooManyActiveSessions(details={"limit": limit, "active": active})
 
 
+def _function_tools(functions: Sequence[Mapping[str, Any]]) -> list[ToolDefinition]:
+    """The tools of an integration's function declarations (``name``, ``description``,
+    ``parameters``): agentops's built-in of that name, else a client tool (``tools_app``)."""
+    return [tool_definition_client_ensure(name=f["name"], description=f.get("description", ""),
+                                          parameters_schema=f["parameters"]) for f in functions]
+
+
 @transaction.atomic
 def agent_profile_create(*, name: str, model: str, instructions: str = "", metadata: Mapping[str, str] | None = None,
-                         tools: list[ToolDefinition] | None = None, base_url: str = "") -> AgentProfile:
-    """A new enabled agent profile with an opaque slug (``agent_<hex>``)."""
+                         functions: Sequence[Mapping[str, Any]] | None = None, base_url: str = "") -> AgentProfile:
+    """A new enabled agent profile with an opaque slug (``agent_<hex>``) and the tools of
+    ``functions``, in one transaction (a refused tool leaves nothing behind)."""
+    tools = _function_tools(functions or [])
     agent = AgentProfile.objects.create(name=name[:120] or "agent", slug=f"agent_{uuid.uuid4().hex[:24]}",
                                         model=model, instructions=instructions, metadata=dict(metadata or {}),
                                         base_url=base_url)
@@ -408,9 +418,11 @@ def agent_profile_create(*, name: str, model: str, instructions: str = "", metad
 
 
 @transaction.atomic
-def agent_profile_update(*, agent_id: int, tools: list[ToolDefinition] | None = None, **fields: Any) -> AgentProfile:
-    """Change an agent profile's name, model, instructions or metadata, and replace its tools when
-    ``tools`` is given. Sessions started later use the new settings."""
+def agent_profile_update(*, agent_id: int, functions: Sequence[Mapping[str, Any]] | None = None,
+                         **fields: Any) -> AgentProfile:
+    """Change an agent profile's name, model, instructions or metadata, and replace its tools with
+    those of ``functions`` when given. Sessions started later use the new settings."""
+    tools = _function_tools(functions) if functions is not None else None
     allowed = {"name", "model", "instructions", "metadata"}
     unknown = set(fields) - allowed
     if unknown:
