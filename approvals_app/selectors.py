@@ -111,5 +111,13 @@ def grant_is_live(*, session_id: uuid.UUID | str, tool_name: str) -> bool:
 
 def approvals_pending_of_session(session_id: Any) -> list[ApprovalRequest]:
     """The session's requests waiting for a reviewer, oldest first."""
-    return list(ApprovalRequest.objects.filter(session_id=session_id, status=ApprovalRequest.Status.PENDING)
+    return approvals_pending_of_sessions([session_id])
+
+
+def approvals_pending_of_sessions(session_ids: Iterable[Any]) -> list[ApprovalRequest]:
+    """Requests of these sessions waiting for a reviewer, oldest first; one query (none for no ids)."""
+    keys = list(session_ids)
+    if not keys:
+        return []
+    return list(ApprovalRequest.objects.filter(session_id__in=keys, status=ApprovalRequest.Status.PENDING)
                 .order_by("created_at", "id"))

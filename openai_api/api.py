@@ -100,8 +100,9 @@ def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
 # --- pagination -------------------------------------------------------------------------------
 
 def _page(qs: QuerySet[Any], *, after_row: Any, order: str, limit: int, fields: tuple[str, str],
-          serialize: Any) -> dict[str, Any]:
-    """A CursorPage: ``{"data", "has_more", "first_id", "last_id"}``, keyset on ``fields``."""
+          serialize: Any = None, serialize_rows: Any = None) -> dict[str, Any]:
+    """A CursorPage: ``{"data", "has_more", "first_id", "last_id"}``, keyset on ``fields``;
+    ``serialize`` shapes one row, or ``serialize_rows`` the whole page (bulk reads)."""
     desc = order == "desc"
     first, second = fields
     if after_row is not None:
@@ -110,7 +111,7 @@ def _page(qs: QuerySet[Any], *, after_row: Any, order: str, limit: int, fields: 
         qs = qs.filter(Q(**{f"{first}__{op}": v1}) | Q(**{first: v1, f"{second}__{op}": v2}))
     qs = qs.order_by(*(f"-{f}" if desc else f for f in fields))
     rows = list(qs[: limit + 1])
-    data = [serialize(row) for row in rows[:limit]]
+    data = serialize_rows(rows[:limit]) if serialize_rows else [serialize(row) for row in rows[:limit]]
     return {"object": "list", "data": data, "has_more": len(rows) > limit,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
@@ -187,7 +188,17 @@ def sessions_list_api(request: AuthedRequest, after: str | None = None, agent_id
     qs = selectors.sessions_list(agent=agent_id, metadata=metadata).prefetch_related("agent__tools")
     after_row = selectors.session_get(after) if after else None
     return _page(qs, after_row=after_row, order=order, limit=limit, fields=("created_at", "id"),
-                 serialize=lambda s: wire.session_out(s))
+                 serialize_rows=_session_snapshots)
+
+
+def _session_snapshots(sessions: list[AgentSession]) -> list[dict[str, Any]]:
+    """Sessions as the wire shows them, their required actions read for the whole page at once."""
+    waiting = [s.id for s in sessions if wire.SESSION_STATUS[AgentSession.Status(s.status)] == "requires_action"]
+    steps = selectors.client_steps_waiting_of(waiting)
+    approvals = approval_selectors.approvals_pending_of_sessions(waiting)
+    return [wire.session_out(s, actions=wire.required_actions([x for x in steps if x.session_id == s.id],
+                                                             [a for a in approvals if a.session_id == s.id]))
+            for s in sessions]
 
 
 @api.get("/agents/sessions/{session_id}")

@@ -258,7 +258,15 @@ def artifact_file_get(*, artifact_id: Any, session_id: Any = None) -> ArtifactFi
 def client_steps_waiting(session_id: Any) -> list[Step]:
     """Tool steps of the session's active turn that wait for the integration's output: running
     with no lease (a leased running step is a command a worker runs). In order."""
-    return list(Step.objects.filter(session_id=session_id, kind=Step.Kind.TOOL, status=Step.Status.RUNNING,
+    return client_steps_waiting_of([session_id])
+
+
+def client_steps_waiting_of(session_ids: Iterable[Any]) -> list[Step]:
+    """``client_steps_waiting`` of several sessions, one query (none for no ids)."""
+    keys = list(session_ids)
+    if not keys:
+        return []
+    return list(Step.objects.filter(session_id__in=keys, kind=Step.Kind.TOOL, status=Step.Status.RUNNING,
                                     lease_expires_at__isnull=True, turn__status__in=Turn.ACTIVE)
                 .order_by("turn__index", "index"))
 

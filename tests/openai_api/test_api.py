@@ -246,6 +246,8 @@ def test_approvals_answered_on_the_wire_follow_agentops_rules(wire_client: Clien
     assert action["type"] == "mcp_approval_request" and action["request_id"] == str(approval.request_id)
     assert action["request"]["name"] == "write_file"
     assert action["request"]["arguments_sha256"] == approval.arguments_sha256
+    listed = _get(wire_client, "/agents/sessions").json()["data"]
+    assert [s["required_actions"] for s in listed] == [[action]]
 
     def answer(client: Client, **response: Any) -> Any:
         return _post(client, f"/agents/sessions/{session['id']}/events", {"events": [{
