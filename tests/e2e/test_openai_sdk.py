@@ -16,7 +16,7 @@ from openai.lib.beta.agents import function_tool
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import AgentSession, Event, Turn
 from tests.e2e.conftest import ROOT, Stack, World
-from tests.helpers import api_token, script, tool
+from tests.helpers import api_token, login, script, tool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -127,6 +127,8 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     assert own["status"] == "idle" and own["metadata"] == {"case": "conformance"}
     turn = Turn.objects.get(pk=result.turn_id)
     assert turn.status == Turn.Status.COMPLETED and turn.output_text == result.output_text
+    dashboard = login(world.operator).get(f"/sessions/{session_id}/")  # the session on the dashboard
+    assert dashboard.status_code == 200 and "report.txt" in dashboard.content.decode()
     assert Event.objects.filter(session_id=uuid.UUID(session_id), type="approval.decided").count() == 1
 
     # Artifacts: write_file published outputs/report.txt; the SDK downloads it.
