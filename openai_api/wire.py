@@ -260,7 +260,8 @@ class WireStream:
         for turn in turns:
             self.turns[str(turn.id)] = turn_out(turn, self.snapshot["agent"]["id"])
         self.client_steps: dict[str, str] = dict(client_steps or {})  # step id → call id
-        self.announced: set[str] = set()
+        self.announced: set[str] = set()  # model steps whose message item was added
+        self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
 
     @staticmethod
     def _key(action: dict[str, Any]) -> str:
@@ -321,15 +322,18 @@ class WireStream:
             self.actions = {k: a for k, a in self.actions.items() if a.get("turn_id") != str(turn_id)}
             return [{"type": f"agent.session.turn.{status}", **base,
                      "turn": self._turn(event, status=status, completed_at=at, error=error)}]
+        if kind == "model.started" and step_id:
+            self.indices[step_id] = int(payload.get("index", 0))
+            return []
         if kind == "model.delta" and step_id:
             out = []
+            index = self.indices.get(step_id, 0)  # deltas carry only their text
             if step_id not in self.announced:
                 self.announced.add(step_id)
-                out.append({"type": "agent.session.turn.item.added", **base, "output_index": payload.get("index"),
+                out.append({"type": "agent.session.turn.item.added", **base, "output_index": index,
                             "item": assistant_message_item(step_id, turn_id, "", final=None, status="in_progress")})
             out.append({"type": "agent.session.turn.output_text.delta", **base, "item_id": f"msg_{hexid(step_id)}",
-                        "output_index": payload.get("index", 0), "content_index": 0,
-                        "delta": str(payload.get("text", ""))})
+                        "output_index": index, "content_index": 0, "delta": str(payload.get("text", ""))})
             return out
         if kind == "model.completed" and step_id:
             text = str(payload.get("content") or "")

@@ -117,6 +117,9 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     assert added < output
     assert types.index("agent.session.turn.completed") < len(types) - 1 and types[-1] == "agent.session.idle"
     assert len({e.event_id for e in events}) == len(events)
+    final_id = result.messages[0].id
+    assert "".join(e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+                   and e.item_id == final_id) == result.output_text
     session_id = result.session_id
     approval = ApprovalRequest.objects.get(request_id=decided[0])
     assert str(approval.session_id) == session_id and approval.decided_by == world.reviewer

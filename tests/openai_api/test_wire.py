@@ -77,3 +77,20 @@ def test_a_failed_turn_carries_its_error_before_the_failed_session() -> None:
     assert approval["type"] == "mcp_approval_request" and approval["request_id"] == request_id
     assert out[-2]["turn"]["error"] == {"code": "usage_limit_exceeded", "message": "Token budget reached"}
     assert out[-1]["session"]["error"] == "Token budget reached" and out[-1]["session"]["required_actions"] == []
+
+
+def test_streamed_text_is_one_message_item_at_its_step_index() -> None:
+    model_step = str(uuid.uuid4())
+    out = _feed(_stream(),
+                ("turn.queued", {"index": 1, "input": "go"}, None),
+                ("model.started", {"index": 3, "kind": "model"}, model_step),
+                ("model.delta", {"text": "It is "}, model_step),
+                ("model.delta", {"text": "sunny."}, model_step),
+                ("model.completed", {"content": "It is sunny.", "tool_calls": [], "index": 3}, model_step))[2:]
+    assert [e["type"] for e in out] == [
+        "agent.session.turn.item.added", "agent.session.turn.output_text.delta",
+        "agent.session.turn.output_text.delta", "agent.session.turn.output_text.done",
+        "agent.session.turn.item.done"]
+    assert {e["output_index"] for e in out} == {3}
+    assert {e.get("item_id") or e["item"]["id"] for e in out} == {f"msg_{uuid.UUID(model_step).hex}"}
+    assert "".join(e["delta"] for e in out if "delta" in e) == out[-1]["item"]["content"][0]["text"]
