@@ -191,6 +191,16 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     assert kinds.index("agent.session.turn.cancelled") < kinds.index("agent.session.idle")
     assert sdk.beta.agents.sessions.retrieve(session_id).status == "idle"
 
+    # From a cursor (agentops's event seq, an extension of the wire): the history replays in order.
+    replay = sdk.beta.agents.sessions.events.stream(session_id, extra_query={"after": 0})
+    replayed = []
+    for event in replay:
+        replayed.append(event)
+        if sum(e.type == "agent.session.turn.completed" for e in replayed) == 1:
+            break
+    replay.close()
+    assert [e.event_id for e in replayed] == [e.event_id for e in events[:len(replayed)]]
+
     # Turns and items, page by page to the end.
     turns = list(sdk.beta.agents.sessions.turns.list(session_id, limit=2, order="asc"))
     assert [t.status for t in turns] == ["completed", "completed", "completed", "completed", "cancelled"]
