@@ -34,9 +34,12 @@ class RequestSizeLimitMiddleware:
             length = 0
         limit = settings.AGENTOPS_MAX_REQUEST_BYTES
         if length > limit:
-            return JsonResponse({"code": "payload_too_large",
-                                 "message": f"The request body is {length} bytes; the limit is {limit}.",
-                                 "details": {"limit": limit}}, status=413)
+            message = f"The request body is {length} bytes; the limit is {limit}."
+            if request.path.startswith("/openai/"):  # the OpenAI Agents API's envelope
+                return JsonResponse({"error": {"message": message, "type": "invalid_request_error",
+                                               "code": "payload_too_large", "param": None}}, status=413)
+            return JsonResponse({"code": "payload_too_large", "message": message, "details": {"limit": limit}},
+                                status=413)
         return self.get_response(request)
 
 

@@ -267,3 +267,19 @@ def test_approvals_answered_on_the_wire_follow_agentops_rules(wire_client: Clien
                   arguments_sha256=approval.arguments_sha256).status_code == 202
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED and approval.decided_by == reviewer
+
+
+def test_an_inline_agent_becomes_a_profile_of_its_own(wire_client: Client, operator: User, settings: Any) -> None:
+    created = _post(wire_client, "/agents/sessions", {"environment": {"type": "none"}, "input": "hi",
+                                                      "agent": {"model": "scripted", "instructions": "Be brief.",
+                                                                "tools": [WEATHER]}}).json()
+    session = AgentSession.objects.select_related("agent").get(pk=created["id"])
+    assert session.agent.instructions == "Be brief." and created["agent"]["id"] == session.agent.slug
+    assert [t.name for t in session.agent.tools.all()] == ["get_weather"]
+    refused = _post(wire_client, "/agents/sessions", {"environment": {"type": "none"}, "input": "hi",
+                                                      "agent_id": session.agent.slug,
+                                                      "agent": {"instructions": "other"}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "agent.instructions"
+    settings.AGENTOPS_MAX_REQUEST_BYTES = 100
+    too_big = _post(wire_client, "/agents", {"model": "scripted", "instructions": "x" * 200})
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"
