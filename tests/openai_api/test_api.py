@@ -283,3 +283,37 @@ def test_an_inline_agent_becomes_a_profile_of_its_own(wire_client: Client, opera
     settings.AGENTOPS_MAX_REQUEST_BYTES = 100
     too_big = _post(wire_client, "/agents", {"model": "scripted", "instructions": "x" * 200})
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/agents/sessions/{sid}/subagents", 200),
+    ("GET", "/agents/sessions/{sid}/subagents/sub_1", 404),
+    ("GET", "/agents/sessions/{sid}/subagents/sub_1/items", 404),
+    ("GET", "/agents/sessions/{sid}/subagents/sub_1/turns", 404),
+    ("GET", "/agents/sessions/{sid}/subagents/sub_1/turns/t_1", 404),
+    ("GET", "/agents/sessions/{sid}/subagents/sub_1/turns/t_1/items", 404),
+    ("GET", "/agents/sessions/{sid}/traces", 404),
+    ("POST", "/agents/environments", 400), ("GET", "/agents/environments", 200),
+    ("GET", "/agents/environments/env_1", 404),
+    ("POST", "/agents/environments/env_1/files", 404), ("GET", "/agents/environments/env_1/files", 404),
+    ("POST", "/agents/environments/templates", 400), ("GET", "/agents/environments/templates", 200),
+    ("GET", "/agents/environments/templates/tpl_1", 404), ("POST", "/agents/environments/templates/tpl_1", 404),
+    ("DELETE", "/agents/environments/templates/tpl_1", 404),
+    ("POST", "/vaults", 400), ("GET", "/vaults", 200), ("GET", "/vaults/v_1", 404), ("POST", "/vaults/v_1", 404),
+    ("DELETE", "/vaults/v_1", 404), ("POST", "/vaults/v_1/credentials", 404), ("GET", "/vaults/v_1/credentials", 404),
+    ("GET", "/vaults/v_1/credentials/c_1", 404), ("POST", "/vaults/v_1/credentials/c_1", 404),
+    ("DELETE", "/vaults/v_1/credentials/c_1", 404),
+    ("POST", "/agents/automations", 400), ("GET", "/agents/automations", 200),
+    ("GET", "/agents/automations/a_1", 404), ("POST", "/agents/automations/a_1", 404),
+    ("DELETE", "/agents/automations/a_1", 404), ("POST", "/agents/automations/a_1/pause", 404),
+    ("POST", "/agents/automations/a_1/resume", 404), ("POST", "/agents/automations/a_1/invocations", 404),
+    ("GET", "/agents/automations/a_1/invocations", 404), ("GET", "/agents/automations/a_1/invocations/i_1", 404),
+])
+def test_the_peripheral_endpoints_answer_in_the_envelope(wire_client: Client, operator: User, method: str,
+                                                         path: str, status: int) -> None:
+    session = session_start(agent=factories.agent_profile(), owner=operator)[0]
+    response = wire_client.generic(method, "/openai/v1" + path.format(sid=session.id), "{}",
+                                   content_type="application/json")
+    assert response.status_code == status
+    body = response.json()
+    assert (body["data"] == []) if status == 200 else (body["error"]["message"] and body["error"]["code"])
