@@ -141,11 +141,15 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
         "/workspace/outputs/report.txt").read() == REPORT.encode()
     assert sdk.beta.agents.sessions.artifacts.retrieve(artifacts[0].id, session_id=session_id).size_bytes == len(REPORT)
 
-    # sessions.stream over two more turns on the idle session.
-    for city in ("Rome", "Oslo"):
-        with sdk.beta.agents.sessions.stream(session_id, input=script(tool("get_weather", city=city), "say {results}"),
-                                             tool_handlers={"get_weather": get_weather}) as live:
-            assert f"sunny in {city}" in live.get_final_result().output_text
+    # sessions.stream over two more turns on the idle session, the second with parallel calls.
+    with sdk.beta.agents.sessions.stream(session_id, input=script(tool("get_weather", city="Rome"), "say {results}"),
+                                         tool_handlers={"get_weather": get_weather}) as live:
+        assert "sunny in Rome" in live.get_final_result().output_text
+    with sdk.beta.agents.sessions.stream(session_id, tool_handlers={"get_weather": get_weather}, input=script(
+            "parallel", tool("get_weather", city="Oslo"), tool("get_weather", city="Lima"), "end",
+            "say {results}")) as live:
+        both = live.get_final_result().output_text
+    assert "sunny in Oslo" in both and "sunny in Lima" in both
 
     # An approval answered through the SDK: the session's owner may not, even holding the reviewer
     # permission (four-eyes); another reviewer may.
