@@ -146,6 +146,8 @@ def test_errors_leave_in_the_envelope_with_their_status(wire_client: Client, ope
     assert forbidden.status_code == 403 and forbidden.json()["error"]["type"] == "permission_error"
     assert _get(wire_client, "/agents/sessions/not-a-session").status_code == 404
     assert _get(wire_client, "/no/such/endpoint").json()["error"]["code"] == "not_found"
+    wrong_verb = wire_client.put("/openai/v1/agents")  # updates are POST on this wire
+    assert wrong_verb.status_code == 405 and wrong_verb.json()["error"]["code"] == "method_not_allowed"
     bad_json = wire_client.post("/openai/v1/agents", "{", content_type="application/json")
     assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
     assert _get(wire_client, "/agents", limit=500).status_code == 400
