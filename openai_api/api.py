@@ -314,8 +314,9 @@ def _client_tools() -> frozenset[str]:
 
 @api.get("/agents/sessions/{session_id}/turns/{turn_id}/items")
 def turn_items_list_api(request: AuthedRequest, session_id: str, turn_id: str, after: str | None = None,
-                        limit: int = 20, order: str = "asc") -> dict[str, Any]:
-    """A ConversationCursorPage: the SDK asks for the next page ``after`` the ``last_id``."""
+                        limit: int = 20, order: str = "desc") -> dict[str, Any]:
+    """A ConversationCursorPage: the SDK asks for the next page ``after`` the ``last_id``. Newest
+    first unless ``order=asc`` (the wire's default)."""
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     limit, order = parse.list_params(limit, order)
@@ -326,7 +327,7 @@ def turn_items_list_api(request: AuthedRequest, session_id: str, turn_id: str, a
 
 @api.get("/agents/sessions/{session_id}/items")
 def session_items_list_api(request: AuthedRequest, session_id: str, after: str | None = None, limit: int = 20,
-                           order: str = "asc") -> dict[str, Any]:
+                           order: str = "desc") -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id)
     limit, order = parse.list_params(limit, order)

@@ -209,14 +209,21 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     turns = list(sdk.beta.agents.sessions.turns.list(session_id, limit=2, order="asc"))
     assert [t.status for t in turns] == ["completed", "completed", "completed", "completed", "cancelled"]
     assert turns[0].id == result.turn_id and turns[0].subagent_id is None
-    page = sdk.beta.agents.sessions.turns.items.list(result.turn_id, session_id=session_id, limit=2)
+    page = sdk.beta.agents.sessions.turns.items.list(result.turn_id, session_id=session_id, limit=2, order="asc")
     items = list(page)  # auto-pagination follows last_id
-    everything = sdk.beta.agents.sessions.turns.items.list(result.turn_id, session_id=session_id, limit=100).data
+    everything = sdk.beta.agents.sessions.turns.items.list(result.turn_id, session_id=session_id, limit=100,
+                                                           order="asc").data
     assert [i.id for i in items] == [i.id for i in everything] and len(items) > 2
     assert [i.type for i in items] == ["message", "function_call", "function_call_output", "mcp_call", "message"]
     final = items[-1]
     assert final.type == "message" and final.phase == "final_answer" and final.content[0].text == result.output_text
     assert list(sdk.beta.agents.sessions.subagents.list(session_id)) == []
+    assert sdk.beta.agents.sessions.turns.retrieve(result.turn_id, session_id=session_id).status == "completed"
+    session_items = list(sdk.beta.agents.sessions.items.list(session_id, limit=3, order="asc"))  # after = last id
+    newest = sdk.beta.agents.sessions.items.list(session_id, limit=1).data  # the wire's default order: desc
+    assert newest[0].id == session_items[-1].id
+    assert [i.id for i in session_items[:len(items)]] == [i.id for i in items]
+    assert len({i.id for i in session_items}) == len(session_items) > 3 * len(turns)
 
     listed = sdk.beta.agents.sessions.list(agent_id=agent.id, metadata={"case": "conformance"})
     assert [s.id for s in listed] == [session_id]
