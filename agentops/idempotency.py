@@ -32,7 +32,19 @@ POLL_SECONDS = 0.05
 STALE_AFTER = timedelta(minutes=10)
 
 
-def _error(status: int, code: str, message: str) -> JsonResponse:
+# The OpenAI Agents API (``openai_api``) takes keys too, with its own error envelope, and remembers
+# only successes: its SDK retries a 400 "Unknown pending tool call" with the same key, and must
+# then reach the endpoint again rather than get the first refusal replayed.
+WIRE_PREFIX = "/openai/"
+
+
+def _error(status: int, code: str, message: str, path: str = "") -> JsonResponse:
+    if path.startswith(WIRE_PREFIX):
+        response = JsonResponse({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                           "param": None}}, status=status)
+        if status == 409:
+            response["x-should-retry"] = "true"  # the first request is still running: retrying is right
+        return response
     return JsonResponse({"code": code, "message": message, "details": {}}, status=status)
 
 
@@ -59,15 +71,16 @@ class IdempotencyMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         key = request.headers.get("Idempotency-Key", "")
-        if request.method != "POST" or not key or not request.path.startswith("/api/"):
+        if request.method != "POST" or not key or not request.path.startswith(("/api/", WIRE_PREFIX)):
             return self.get_response(request)
         if len(key) > MAX_KEY_CHARS:
-            return _error(422, "invalid_idempotency_key", f"Idempotency-Key is over {MAX_KEY_CHARS} chars.")
+            return _error(422, "invalid_idempotency_key", f"Idempotency-Key is over {MAX_KEY_CHARS} chars.",
+                          request.path)
         scope = _scope(request)
         if scope is None:
             return self.get_response(request)  # the API answers 401; there is nothing to remember
         digest = hashlib.sha256(request.path.encode() + b"\n" + request.body).hexdigest()
-        reserved = self._reserve(scope, key, digest)
+        reserved = self._reserve(scope, key, digest, request.path)
         if isinstance(reserved, HttpResponse):
             return reserved
         try:
@@ -78,7 +91,8 @@ class IdempotencyMiddleware:
         # A server error may be retried with the same key; so may a request refused before it ran
         # (401, 403: no credentials, a missing CSRF token or permission): replaying the refusal
         # would make the key useless once the caller fixes that.
-        if response.status_code >= 500 or response.status_code in (401, 403) or response.streaming:
+        wire_refusal = request.path.startswith(WIRE_PREFIX) and response.status_code >= 300
+        if response.status_code >= 500 or response.status_code in (401, 403) or response.streaming or wire_refusal:
             self._release(reserved)
             return response
         reserved.status_code = response.status_code
@@ -87,7 +101,7 @@ class IdempotencyMiddleware:
         reserved.save(update_fields=["status_code", "content_type", "body"])
         return response
 
-    def _reserve(self, scope: str, key: str, digest: str) -> IdempotencyRecord | HttpResponse:
+    def _reserve(self, scope: str, key: str, digest: str, path: str) -> IdempotencyRecord | HttpResponse:
         """The new reservation of the key, or the answer for a key already taken."""
         deadline = time.monotonic() + IN_PROGRESS_WAIT_SECONDS
         while True:
@@ -100,7 +114,7 @@ class IdempotencyMiddleware:
             if record is not None:
                 if record.request_sha256 != digest:
                     return _error(422, "idempotency_key_reused",
-                                  "This Idempotency-Key was used with another request body.")
+                                  "This Idempotency-Key was used with another request body.", path)
                 if record.status_code is not None:
                     return self._replay(record)
                 if record.created_at < timezone.now() - STALE_AFTER:
@@ -109,7 +123,7 @@ class IdempotencyMiddleware:
             # Reserved by a request still running (or released a moment ago: try again).
             if time.monotonic() >= deadline:
                 return _error(409, "idempotency_in_progress",
-                              "A request with this Idempotency-Key is still running; retry shortly.")
+                              "A request with this Idempotency-Key is still running; retry shortly.", path)
             if record is not None:
                 _wait(POLL_SECONDS)
 

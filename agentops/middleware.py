@@ -37,9 +37,12 @@ class RequestSizeLimitMiddleware:
             length = 0
         limit = settings.AGENTOPS_MAX_REQUEST_BYTES
         if length > limit:
-            return JsonResponse({"code": "payload_too_large",
-                                 "message": f"The request body is {length} bytes; the limit is {limit}.",
-                                 "details": {"limit": limit}}, status=413)
+            message = f"The request body is {length} bytes; the limit is {limit}."
+            if request.path.startswith("/openai/"):  # the OpenAI Agents API's envelope
+                return JsonResponse({"error": {"message": message, "type": "invalid_request_error",
+                                               "code": "payload_too_large", "param": None}}, status=413)
+            return JsonResponse({"code": "payload_too_large", "message": message, "details": {"limit": limit}},
+                                status=413)
         return self.get_response(request)
 
 
@@ -72,11 +75,15 @@ class ApiErrorShapeMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
         shape = self.CODES.get(response.status_code)
-        if shape is None or not request.path.startswith("/api/") \
+        if shape is None or not request.path.startswith(("/api/", "/openai/")) \
                 or response.get("Content-Type", "").startswith("application/json"):
             return response
         code, message = shape
-        shaped = JsonResponse({"code": code, "message": message, "details": {}}, status=response.status_code)
+        if request.path.startswith("/openai/"):
+            shaped = JsonResponse({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                             "param": None}}, status=response.status_code)
+        else:
+            shaped = JsonResponse({"code": code, "message": message, "details": {}}, status=response.status_code)
         if response.has_header("Allow"):
             shaped["Allow"] = response["Allow"]
         return shaped

@@ -85,6 +85,9 @@ def main() -> int:
                 model = spawn("scripted model", [PY, "manage.py", "scripted_model", "--port", str(mport)])
                 wait_port(mport, model, "scripted model")
                 model_url = f"http://127.0.0.1:{mport}/v1"
+                # The default endpoint of every process started from here on: agent profiles with
+                # no endpoint of their own (those made through /openai/v1) use the scripted model.
+                env["OPENAI_BASE_URL"] = model_url
             subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
             subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
                            check=True)

@@ -6,6 +6,7 @@ from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
 
@@ -16,6 +17,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", health.healthz_view, name="healthz"),
     path("api/", api.urls),
+    path("openai/v1/", openai_api.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", session_views.overview_view, name="overview"),

@@ -157,3 +157,15 @@ def _uuid_or_none(value: Any) -> uuid.UUID | None:
 def audit_of(request_id: Any) -> list[ApprovalAudit]:
     """A request's audit trail, oldest first. One query."""
     return list(ApprovalAudit.objects.filter(request_id=request_id).order_by("created_at", "id"))
+def approvals_pending_of_session(session_id: Any) -> list[ApprovalRequest]:
+    """The session's requests waiting for a reviewer, oldest first."""
+    return approvals_pending_of_sessions([session_id])
+
+
+def approvals_pending_of_sessions(session_ids: Iterable[Any]) -> list[ApprovalRequest]:
+    """Requests of these sessions waiting for a reviewer, oldest first; one query (none for no ids)."""
+    keys = list(session_ids)
+    if not keys:
+        return []
+    return list(ApprovalRequest.objects.filter(session_id__in=keys, status=ApprovalRequest.Status.PENDING)
+                .order_by("created_at", "id"))

@@ -54,6 +54,8 @@ class AgentProfile(models.Model):
     verification_rounds = models.PositiveIntegerField(
         default=2, help_text="Re-work rounds after a verification finds acceptance criteria unmet.")
     enabled = models.BooleanField(default=True)
+    # The integration's own key/value pairs (the OpenAI Agents API's agent metadata), echoed back.
+    metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -17,7 +17,8 @@ from django.contrib.auth.models import User
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 
-from agentops.domain import NotFound
+from agentops.domain import InvalidArguments, NotFound
+from agentops.models import Team
 from agentops.teams import OPERATE_ROLES, require_team_role, scope
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
@@ -69,9 +70,12 @@ def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
 
 
 def sessions_list(*, user: Any, status: str | None = None, agent: str | None = None, owner: str | None = None,
-                  q: str | None = None) -> QuerySet[AgentSession]:
-    """The sessions of the user's teams, newest first; ``q`` searches titles and turn inputs."""
+                  q: str | None = None, metadata: dict[str, str] | None = None) -> QuerySet[AgentSession]:
+    """The sessions of the user's teams, newest first; ``q`` searches titles and turn inputs;
+    ``metadata`` matches keys exactly."""
     qs = scope(AgentSession.objects.select_related("agent", "owner"), user).order_by("-created_at", "-id")
+    for key, value in (metadata or {}).items():
+        qs = qs.filter(**{f"metadata__{key}": value})
     if status:
         qs = qs.filter(status=status)
     if agent:
@@ -179,6 +183,11 @@ def current_turn_id(session_id: Any) -> uuid.UUID | None:
 def turns_of_session(session_id: Any) -> list[Turn]:
     """Every turn of a session, in order."""
     return list(Turn.objects.filter(session_id=session_id).order_by("index"))
+
+
+def turns_of_session_qs(session_id: Any) -> QuerySet[Turn]:
+    """A session's turns (unordered: the caller pages them)."""
+    return Turn.objects.filter(session_id=session_id)
 
 
 def turns_by_id(turn_ids: Iterable[Any]) -> dict[str, Turn]:
@@ -328,3 +337,61 @@ def artifact_file_get(*, artifact_id: Any, user: Any, session_id: Any = None) ->
     if not path.is_relative_to(root) or not path.is_file():
         raise NotFound("The artifact's content is missing from storage.")
     return ArtifactFile(artifact=artifact, path=path)
+
+
+def client_steps_waiting(session_id: Any) -> list[Step]:
+    """Tool steps of the session's active turn that wait for the integration's output: running
+    with no lease (a leased running step is a command a worker runs). In order."""
+    return client_steps_waiting_of([session_id])
+
+
+def client_steps_waiting_of(session_ids: Iterable[Any]) -> list[Step]:
+    """``client_steps_waiting`` of several sessions, one query (none for no ids)."""
+    keys = list(session_ids)
+    if not keys:
+        return []
+    return list(Step.objects.filter(session_id__in=keys, kind=Step.Kind.TOOL, status=Step.Status.RUNNING,
+                                    lease_expires_at__isnull=True, turn__status__in=Turn.ACTIVE)
+                .order_by("turn__index", "index"))
+
+
+def turn_of_session(*, session_id: Any, turn_id: Any) -> Turn:
+    """A turn of this session; NotFound for another session's turn or an unknown id."""
+    return _get(Turn.objects.filter(session_id=session_id).select_related("session__agent"), turn_id, "turn")
+
+
+def turn_last_failed(session_id: Any) -> Turn | None:
+    return Turn.objects.filter(session_id=session_id, status=Turn.Status.FAILED).order_by("-index").first()
+
+
+def team_for_new_agent(*, user: Any, team: str | None = None) -> int:
+    """The team an agent created by ``user`` through an integration belongs to: the one named
+    (a team where the user operates), else the user's only such team. InvalidArguments when the
+    user operates in several and named none, or in none."""
+    teams = scope(Team.objects.all(), user, field="id", roles=OPERATE_ROLES).order_by("slug")
+    if team:
+        found = teams.filter(slug=team).values_list("id", flat=True).first()
+        if found is None:
+            raise NotFound(f"No team {team!r} where you operate", details={"field": "metadata.agentops_team"})
+        return found
+    ids = list(teams.values_list("id", flat=True)[:2])
+    if len(ids) != 1:
+        raise InvalidArguments("You operate in several teams (or none): name the agent's team with "
+                               "metadata.agentops_team = '<team slug>'.", details={"field": "metadata.agentops_team"})
+    return ids[0]
+
+
+def agent_get_enabled(slug: str, *, user: Any) -> AgentProfile:
+    """An enabled agent profile of the user's teams (a retired one is gone for the integrations)."""
+    try:
+        return scope(AgentProfile.objects.prefetch_related("tools"), user).get(slug=slug, enabled=True)
+    except AgentProfile.DoesNotExist as exc:
+        raise NotFound(f"No agent {slug!r}", details={"field": "agent_id"}) from exc
+
+
+def artifact_of_session(*, session_id: Any, artifact_id: Any) -> Artifact:
+    return _get(Artifact.objects.filter(session_id=session_id), artifact_id, "artifact")
+
+
+def artifacts_of_session_qs(session_id: Any) -> QuerySet[Artifact]:
+    return Artifact.objects.filter(session_id=session_id)

@@ -10,8 +10,9 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -21,11 +22,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentops.domain import Conflict, InvalidArguments, NotFound, joins_transaction
+from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound, joins_transaction
 from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
+from tools_app.models import ToolDefinition
+from tools_app.services import tool_definition_client_ensure
 
 M = TypeVar("M", AgentSession, Turn, Step)
 TURN_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED)
@@ -445,3 +448,111 @@ def artifact_record(*, session_id: uuid.UUID | str, path: str, size: int, sha256
         event_record(session_id=session_id, turn_id=turn_id, step_id=step_id, type="artifact.published",
                      payload={"artifact_id": str(artifact.id), "path": path, "size": size, "sha256": sha256})
     return artifact
+
+
+@joins_transaction
+def artifact_delete(*, artifact_id: uuid.UUID | str, session_id: uuid.UUID | str) -> None:
+    """Forget a published file of a session (its row; the stored file is removed after commit)."""
+    artifact = Artifact.objects.filter(pk=artifact_id, session_id=uuid.UUID(str(session_id))).first()
+    if artifact is None:
+        raise NotFound(f"No artifact {artifact_id} in this session")
+    storage_path = artifact.storage_path
+    shared = Artifact.objects.filter(storage_path=storage_path).exclude(pk=artifact.pk).exists()
+    artifact.delete()
+    event_record(session_id=session_id, type="artifact.deleted",
+                 payload={"artifact_id": str(artifact_id), "path": artifact.path})
+    if not shared:
+        root = Path(settings.AGENTOPS_ARTIFACT_ROOT).resolve()
+        path = (root / storage_path).resolve()
+        if path.is_relative_to(root):
+            transaction.on_commit(lambda: path.unlink(missing_ok=True))
+
+
+# --- agent profiles (the integrations' agents) ---------------------------------------------
+
+class TooManyActiveSessions(DomainError):
+    """Too many of your sessions are working at once; wait for one to finish."""
+
+    code = "rate_limit_exceeded"
+    status = 429
+
+
+def session_quota_check(*, owner: User) -> None:
+    """Refuse (429) a new session while ``owner`` has AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER
+    sessions in progress (no limit when the setting is empty)."""
+    limit = settings.AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER
+    if limit is None:
+        return
+    active = AgentSession.objects.filter(owner=owner).exclude(
+        status__in=(AgentSession.Status.IDLE, AgentSession.Status.FAILED)).count()
+    if active >= limit:
+        raise TooManyActiveSessions(details={"limit": limit, "active": active})
+
+
+def _function_tools(functions: Sequence[Mapping[str, Any]]) -> list[ToolDefinition]:
+    """The tools of an integration's function declarations (``name``, ``description``,
+    ``parameters``): agentops's built-in of that name, else a client tool (``tools_app``)."""
+    return [tool_definition_client_ensure(name=f["name"], description=f.get("description", ""),
+                                          parameters_schema=f["parameters"]) for f in functions]
+
+
+@transaction.atomic
+def agent_profile_create(*, team_id: int, name: str, model: str, instructions: str = "",
+                         metadata: Mapping[str, str] | None = None,
+                         functions: Sequence[Mapping[str, Any]] | None = None, base_url: str = "") -> AgentProfile:
+    """A new enabled agent profile of the team with an opaque slug (``agent_<hex>``) and the tools
+    of ``functions``, in one transaction (a refused tool leaves nothing behind)."""
+    tools = _function_tools(functions or [])
+    agent = AgentProfile.objects.create(team_id=team_id, name=name[:120] or "agent",
+                                        slug=f"agent_{uuid.uuid4().hex[:24]}", model=model,
+                                        instructions=instructions, metadata=dict(metadata or {}), base_url=base_url)
+    if tools:
+        agent.tools.set(tools)
+    return agent
+
+
+@transaction.atomic
+def agent_profile_update(*, agent_id: int, functions: Sequence[Mapping[str, Any]] | None = None,
+                         **fields: Any) -> AgentProfile:
+    """Change an agent profile's name, model, instructions or metadata, and replace its tools with
+    those of ``functions`` when given. Sessions started later use the new settings."""
+    tools = _function_tools(functions) if functions is not None else None
+    allowed = {"name", "model", "instructions", "metadata"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise InvalidArguments(f"Unknown agent fields: {sorted(unknown)}")
+    agent = AgentProfile.objects.select_for_update().get(pk=agent_id)
+    for name, value in fields.items():
+        setattr(agent, name, value)
+    agent.save(update_fields=[*fields, "updated_at"])
+    if tools is not None:
+        agent.tools.set(tools)
+    return agent
+
+
+@transaction.atomic
+def agent_profile_retire(*, agent_id: int) -> None:
+    """Delete an agent profile; one that sessions still name is disabled instead (their history
+    keeps it), so no new session can start from it."""
+    agent = AgentProfile.objects.select_for_update().get(pk=agent_id)
+    if agent.sessions.exists():
+        AgentProfile.objects.filter(pk=agent.pk).update(enabled=False, updated_at=timezone.now())
+    else:
+        agent.delete()
+
+
+@transaction.atomic
+def session_metadata_update(*, session_id: uuid.UUID | str, metadata: Mapping[str, Any]) -> None:
+    """Replace a session's metadata (the integration's own key/value pairs)."""
+    session_lock(session_id)
+    AgentSession.objects.filter(pk=session_id).update(metadata=dict(metadata), updated_at=timezone.now())
+
+
+@transaction.atomic
+def session_delete(*, session_id: uuid.UUID | str) -> None:
+    """Delete a session and everything it holds. A session with an active turn is refused (409):
+    cancel it first, so no worker is left running for a session that no longer exists."""
+    session_lock(session_id)
+    if Turn.objects.filter(session_id=uuid.UUID(str(session_id)), status__in=Turn.ACTIVE).exists():
+        raise TurnActive("This session has an active turn; cancel it before deleting the session.")
+    AgentSession.objects.filter(pk=session_id).delete()

@@ -18,6 +18,8 @@ progress").
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -103,17 +105,26 @@ def sse_frame(event: dict[str, Any]) -> str:
 Recheck = Callable[[], Awaitable[bool]]
 
 
-async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
-                       read: Reader | None = None, recheck: Recheck | None = None,
-                       recheck_seconds: float = 30.0, max_life_seconds: float | None = None
-                       ) -> AsyncGenerator[str, None]:
-    """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
-    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given.
+@dataclass(frozen=True)
+class StreamEnd:
+    """The last item of ``session_events`` when the stream itself ends it (not a session's
+    event): ``access_revoked`` or ``reconnect`` (max life reached; ``last_seq`` to resume from)."""
+    reason: str
+    last_seq: int
+
+
+async def session_events(session_id: UUID, after: int, *, max_seconds: float | None = None,
+                         read: Reader | None = None, recheck: Recheck | None = None,
+                         recheck_seconds: float = 30.0, max_life_seconds: float | None = None
+                         ) -> AsyncGenerator[dict[str, Any] | StreamEnd | None, None]:
+    """The session's events after ``after`` (``Event.as_dict()``), then live ones, each once and in
+    seq order; ``None`` first (the subscription is in place) and every HEARTBEAT_SECONDS without an
+    event; ends after ``max_seconds`` when given.
 
     Every ``recheck_seconds`` ``recheck()`` says whether the client may still watch (its token or
-    session, its team): when not, an ``access_revoked`` event ends the stream. After
-    ``max_life_seconds`` a ``reconnect`` event (with ``retry:``) ends it: the client reconnects
-    with Last-Event-ID, and so authenticates again (``agentops/streamaccess.py``)."""
+    session, its team): when not, a ``StreamEnd("access_revoked")`` ends it. After
+    ``max_life_seconds`` a ``StreamEnd("reconnect")`` ends it: the client reconnects from the last
+    seq, and so authenticates again (``agentops/streamaccess.py``)."""
     layer = get_channel_layer()
     group = session_group(session_id)
     channel = await layer.new_channel() if layer is not None else ""
@@ -125,18 +136,18 @@ async def event_stream(session_id: UUID, after: int, *, max_seconds: float | Non
     end_of_life = loop.time() + max_life_seconds if max_life_seconds else None
     next_check = loop.time() + recheck_seconds
     try:
-        yield ": connected\n\n"
+        yield None
         async for message in feed.backlog():
-            yield sse_frame(message["event"])
+            yield message["event"]
         while deadline is None or loop.time() < deadline:
             now = loop.time()
             if recheck is not None and now >= next_check:
                 if not await recheck():
-                    yield control_frame("access_revoked", {"reason": "access_revoked"})
+                    yield StreamEnd("access_revoked", feed.last)
                     return
                 next_check = now + recheck_seconds
             if end_of_life is not None and now >= end_of_life:
-                yield "retry: 1000\n" + control_frame("reconnect", {"reason": "max_life", "last_seq": feed.last})
+                yield StreamEnd("reconnect", feed.last)
                 return
             bounds = [HEARTBEAT_SECONDS] + [t - now for t in (deadline, end_of_life) if t is not None]
             if recheck is not None:
@@ -148,10 +159,36 @@ async def event_stream(session_id: UUID, after: int, *, max_seconds: float | Non
                     raise TimeoutError
                 received = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
             except TimeoutError:
-                yield ": heartbeat\n\n"
+                yield None
                 continue
             async for message in feed.live(received):
-                yield sse_frame(message["event"])
+                yield message["event"]
     finally:
         if layer is not None:
             await layer.group_discard(group, channel)
+
+
+async def event_stream(session_id: UUID, after: int, *, max_seconds: float | None = None,
+                       read: Reader | None = None, recheck: Recheck | None = None,
+                       recheck_seconds: float = 30.0, max_life_seconds: float | None = None
+                       ) -> AsyncGenerator[str, None]:
+    """The session's events after ``after`` as Server-Sent Events (``id:`` is the seq), then live
+    ones, with a comment line every HEARTBEAT_SECONDS; ends after ``max_seconds`` when given, with
+    an ``access_revoked`` event when access is withdrawn, and with a ``reconnect`` event (and
+    ``retry:``) at the end of its life: the client reconnects with Last-Event-ID."""
+    first = True
+    async with aclosing(session_events(session_id, after, max_seconds=max_seconds, read=read, recheck=recheck,
+                                       recheck_seconds=recheck_seconds,
+                                       max_life_seconds=max_life_seconds)) as events:
+        async for event in events:
+            if isinstance(event, StreamEnd):
+                if event.reason == "reconnect":
+                    yield "retry: 1000\n" + control_frame("reconnect", {"reason": "max_life",
+                                                                        "last_seq": event.last_seq})
+                else:
+                    yield control_frame(event.reason, {"reason": event.reason})
+            elif event is not None:
+                yield sse_frame(event)
+            else:
+                yield ": connected\n\n" if first else ": heartbeat\n\n"
+            first = False

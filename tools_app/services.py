@@ -1,7 +1,13 @@
 """Writes for tools_app: seeding the tool registry (the email outbox is in outbox.py)."""
 
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from agentops.domain import Conflict, InvalidArguments
+
 from .builtin import BUILTIN_TOOLS
-from .models import ToolDefinition
+from .models import ApprovalMode, ToolDefinition, validate_json_schema
 
 
 def tool_definitions_seed() -> None:
@@ -18,3 +24,29 @@ def tool_definitions_seed() -> None:
                       "network": tool.network, "timeout_seconds": tool.timeout_seconds,
                       "idempotent": tool.idempotent},
         )
+
+
+def tool_definition_client_ensure(*, name: str, description: str, parameters_schema: dict[str, Any]) -> ToolDefinition:
+    """The tool ``name`` for an integration's function: a client tool (the integration runs it and
+    posts the output by call_id), created when missing.
+
+    A built-in of that name is the built-in (the server runs it under its own approval mode). A
+    client tool of that name with another parameters schema is refused: another agent's calls
+    would be validated against a schema their integration never declared.
+    """
+    try:
+        validate_json_schema(parameters_schema)
+    except ValidationError as exc:
+        raise InvalidArguments(f"Tool {name!r}: {'; '.join(exc.messages)}", details={"field": "tools"}) from exc
+    tool, created = ToolDefinition.objects.get_or_create(
+        name=name, defaults={"description": description, "kind": ToolDefinition.Kind.CLIENT,
+                             "parameters_schema": parameters_schema,
+                             "approval_mode": ApprovalMode.SAFE_READONLY})
+    if created or tool.kind == ToolDefinition.Kind.BUILTIN:
+        return tool
+    if tool.parameters_schema != parameters_schema:
+        raise Conflict(f"A client tool named {name!r} exists with another parameters schema.",
+                       code="tool_name_taken", details={"tool": name})
+    if description and tool.description != description:
+        ToolDefinition.objects.filter(pk=tool.pk).update(description=description)
+    return tool

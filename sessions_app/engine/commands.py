@@ -19,6 +19,7 @@ from sessions_app.services import (
     TurnActive,
     session_create,
     session_create_with_turn,
+    session_quota_check,
     step_transition,
     turn_create,
     turn_transition,
@@ -31,10 +32,12 @@ def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: s
                   pinned: dict[str, Any] | None = None, budget: dict[str, Any] | None = None,
                   metadata: dict[str, Any] | None = None,
                   idempotency_key: str = "") -> tuple[AgentSession, Turn | None]:
-    """Create a session and, with input, its first turn; the engine starts after commit."""
+    """Create a session and, with input, its first turn; the engine starts after commit. 429
+    while the owner has too many sessions working (``session_quota_check``)."""
     if input and not input.strip():
         # Whitespace is not a turn's input; without this guard the title line below was an IndexError (500).
         raise InvalidArguments("input must not be empty or whitespace only", details={"field": "input"})
+    session_quota_check(owner=owner)
     if not title and input:
         title = input.strip().splitlines()[0][:80]
     if not input:
@@ -119,15 +122,19 @@ def session_cancel(*, session_id: uuid.UUID | str, actor: User | None = None) ->
 
 
 @transaction.atomic
-def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any, success: bool = True) -> Step:
-    """The integration's result for a client tool call; the turn resumes when none is left."""
+def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any, success: bool = True,
+                       turn_id: uuid.UUID | str | None = None) -> Step:
+    """The integration's result for a client tool call (of ``turn_id`` when given); the turn
+    resumes when none is left."""
     try:
         key = uuid.UUID(str(session_id))
         session_lock(key)
-        step = (Step.objects.select_for_update().filter(session_id=key, call_id=call_id, kind=Step.Kind.TOOL)
-                .order_by("-created_at").first())
+        steps = Step.objects.select_for_update().filter(session_id=key, call_id=call_id, kind=Step.Kind.TOOL)
+        if turn_id is not None:
+            steps = steps.filter(turn_id=uuid.UUID(str(turn_id)))
+        step = steps.order_by("-created_at").first()
     except ValueError as exc:
-        raise NotFound(f"No session {session_id}") from exc
+        raise NotFound(f"No session {session_id}" if turn_id is None else f"No tool call {call_id!r}") from exc
     if step is None:
         raise NotFound(f"No tool call {call_id!r} in this session", details={"call_id": call_id})
     text = output if isinstance(output, str) else json.dumps(output)

@@ -55,7 +55,7 @@ from tools_app.sandbox import (
     workspace_manifest,
     workspace_relpath,
 )
-from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
+from tools_app.selectors import tool_definition_get, tool_definitions_by_name, tool_names_of_agent
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def runs_in_process(tool_name: str) -> bool:
 
 def tool_available(session: AgentSession, tool_name: str) -> ToolDefinition | None:
     """The tool's definition when this session's agent may use it now (enabled and selected)."""
-    tool = tool_definitions_by_name().get(tool_name)
+    tool = tool_definitions_by_name().get(tool_name) or tool_definition_get(tool_name)  # new since the cache
     if tool is None or not tool.enabled or tool_name not in tool_names_of_agent(session.agent_id):
         return None
     return tool

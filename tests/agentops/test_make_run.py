@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from openai import OpenAI
 
 from agentops.embedded_redis import free_port
 from tests.waiting import wait_for
@@ -46,6 +47,15 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status_code == 200, health.text
         assert httpx.get(f"http://127.0.0.1:{port}/api/agents", timeout=5).status_code == 401
+        # The OpenAI SDK at /openai/v1: an agent made there runs on make run's scripted model.
+        token = subprocess.run([sys.executable, "manage.py", "agentops_token", "admin"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/openai/v1", api_key=token)
+        agent = client.beta.agents.create(model="scripted")
+        stream = client.beta.agents.sessions.create(environment={"type": "none"}, agent_id=agent.id,
+                                                    input="say hello from make run", stream=True)
+        assert stream.get_final_result().output_text == "hello from make run"
+        client.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

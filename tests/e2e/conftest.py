@@ -85,7 +85,13 @@ class Stack:
 
 
 @pytest.fixture
-def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
+def stack_env() -> dict[str, str]:
+    """Extra environment of the stack's processes (a test module may override it)."""
+    return {}
+
+
+@pytest.fixture
+def stack(transactional_db: None, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
     env = dict(os.environ)
     env.update({
         "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL,
@@ -97,6 +103,8 @@ def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
     logs = tmp_path / "logs"
     logs.mkdir()
     model_port = free_port()
+    # Profiles with no endpoint of their own (those made through /openai/v1) use the scripted model.
+    env.update({"OPENAI_BASE_URL": f"http://127.0.0.1:{model_port}/v1", **stack_env})
     s = Stack(env=env, web_port=free_port(), model_url=f"http://127.0.0.1:{model_port}/v1", logs=logs)
     try:
         model = s.spawn("model", [sys.executable, "manage.py", "scripted_model", "--port", str(model_port),

@@ -1,0 +1,393 @@
+"""The one mapping between agentops's model and the OpenAI Agents API's wire types.
+
+Nothing here writes or decides: the wire endpoints (``openai_api.api``) call agentops's own
+services and selectors, and this module only says how their rows and events look on the wire
+(``shared/research/openai-agents-api.md``). A session made through the wire is an ordinary
+agentops session, and its wire id is its agentops id.
+
+How agentops maps:
+
+- agent profile ↔ ``agent`` (id = the profile's slug); its tools ↔ ``function`` tools. A function
+  named like an agentops built-in is that built-in (the server runs it, under its approval mode);
+  any other is a client tool the SDK runs (``tool_handlers``).
+- session status: ``awaiting_approval`` and ``requires_action`` are both ``requires_action``.
+- turn status: ``running`` is ``in_progress``; waiting for a reviewer or a client tool is ``waiting``.
+- items of a turn: the user's input (``message``), each model reply with text (an assistant
+  ``message``: ``final_answer`` when it called no tool, else ``commentary``), each client tool call
+  (``function_call`` + ``function_call_output``), each built-in call (``mcp_call``, server label
+  ``agentops``). ``output_index`` is the step's index in its turn.
+- required actions: a client call waiting for its output is a ``function_call``; a call waiting
+  for a reviewer is an ``mcp_approval_request`` whose ``request_id`` is agentops's approval request
+  ID (answer it here only as an eligible reviewer, or in the queue).
+"""
+
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from approvals_app.models import ApprovalRequest
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Step, Turn
+from tools_app.models import ToolDefinition
+
+SERVER_LABEL = "agentops"
+
+SESSION_STATUS = {
+    AgentSession.Status.IDLE: "idle",
+    AgentSession.Status.IN_PROGRESS: "in_progress",
+    AgentSession.Status.AWAITING_APPROVAL: "requires_action",
+    AgentSession.Status.REQUIRES_ACTION: "requires_action",
+    AgentSession.Status.FAILED: "failed",
+}
+TURN_STATUS = {
+    Turn.Status.QUEUED: "queued",
+    Turn.Status.RUNNING: "in_progress",
+    Turn.Status.AWAITING_APPROVAL: "waiting",
+    Turn.Status.REQUIRES_ACTION: "waiting",
+    Turn.Status.COMPLETED: "completed",
+    Turn.Status.FAILED: "failed",
+    Turn.Status.CANCELLED: "cancelled",
+}
+# agentops's turn error codes → the wire's SessionTurnError codes.
+TURN_ERROR_CODE = {
+    "budget_exceeded": "usage_limit_exceeded",
+    "authentication_error": "authentication_error",
+    "policy_refusal": "misalignment_policy_violation",
+    "model_error": "invalid_request",
+    "model_unavailable": "server_overloaded",
+    "lease_expired": "request_timeout",
+}
+SETTLED_TOOL_STATUS = {
+    Step.Status.COMPLETED: "completed", Step.Status.FAILED: "failed", Step.Status.REJECTED: "failed",
+    Step.Status.EXPIRED: "failed", Step.Status.CANCELLED: "incomplete",
+}
+
+
+def ts(value: datetime | str | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return int(value.timestamp())
+
+
+def hexid(value: Any) -> str:
+    return uuid.UUID(str(value)).hex
+
+
+def usage_out(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+# --- agents and tools ------------------------------------------------------------------------
+
+def tool_out(tool: ToolDefinition) -> dict[str, Any]:
+    return {"type": "function", "name": tool.name, "description": tool.description,
+            "parameters": tool.parameters_schema, "defer_loading": False, "async": None}
+
+
+def _agent_config(agent: AgentProfile) -> dict[str, Any]:
+    return {"id": agent.slug, "name": agent.name, "instructions": agent.instructions or None, "model": agent.model,
+            "multi_agent": {"enabled": False, "max_concurrent_subagents": None},
+            "reasoning": {"effort": None, "summary": None}, "service_tier": "auto",
+            "text": {"format": {"type": "text"}, "verbosity": "medium"},
+            "tools": [tool_out(t) for t in agent.tools.all()], "compaction": None, "experimental": None}
+
+
+def agent_out(agent: AgentProfile) -> dict[str, Any]:
+    return {**_agent_config(agent), "object": "agent", "created_at": ts(agent.created_at),
+            "updated_at": ts(agent.updated_at), "metadata": agent.metadata or {}}
+
+
+# --- sessions, turns, required actions --------------------------------------------------------
+
+def function_call_action(*, turn_id: Any, call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "function_call", "turn_id": str(turn_id), "call_id": call_id, "name": name,
+            "arguments": json.dumps(arguments)}
+
+
+def approval_action(*, request_id: Any, turn_id: Any, tool: str, arguments: Any, arguments_sha256: str,
+                    risk: str = "") -> dict[str, Any]:
+    return {"type": "mcp_approval_request", "request_id": str(request_id), "turn_id": str(turn_id),
+            "request": {"type": "mcp_tool_call", "server_label": SERVER_LABEL, "name": tool,
+                        "arguments": json.dumps(arguments),
+                        "message": f"agentops asks a reviewer to approve {tool}"
+                                   + (f" (risk: {risk})" if risk else "")
+                                   + "; decide in the approval queue, or answer as an eligible reviewer.",
+                        # Send it back as response.arguments_sha256: a decision on other arguments is refused.
+                        "arguments_sha256": arguments_sha256}}
+
+
+def required_actions(waiting_steps: Iterable[Step], approvals: Iterable[ApprovalRequest]) -> list[dict[str, Any]]:
+    actions = [function_call_action(turn_id=s.turn_id, call_id=s.call_id, name=s.tool_name, arguments=s.arguments)
+               for s in waiting_steps]
+    actions += [approval_action(request_id=a.request_id, turn_id=a.turn_id, tool=a.tool_name, arguments=a.arguments,
+                                arguments_sha256=a.arguments_sha256, risk=a.risk) for a in approvals]
+    return actions
+
+
+def session_out(session: AgentSession, *, actions: list[dict[str, Any]] | None = None,
+                error: str | None = None) -> dict[str, Any]:
+    status = SESSION_STATUS[AgentSession.Status(session.status)]
+    return {
+        "id": str(session.id), "object": "agent.session", "created_at": ts(session.created_at),
+        "last_active_at": ts(session.last_event_at or session.updated_at), "agent": _agent_config(session.agent),
+        "environment": {"type": "none"}, "status": status,
+        "required_actions": (actions or []) if status == "requires_action" else [],
+        "error": error if status == "failed" else None, "metadata": session.metadata or {}, "vault_ids": [],
+        "usage": usage_out(session.prompt_tokens, session.completion_tokens), "review": "none",
+    }
+
+
+def turn_error(code: str, message: str) -> dict[str, str]:
+    return {"code": TURN_ERROR_CODE.get(code, "internal_error" if not code else "server_error"),
+            "message": message or code}
+
+
+def turn_out(turn: Turn, agent_slug: str) -> dict[str, Any]:
+    failed = turn.status == Turn.Status.FAILED
+    return {"id": str(turn.id), "object": "agent.session.turn", "agent_id": agent_slug,
+            "session_id": str(turn.session_id), "subagent_id": None, "created_at": ts(turn.created_at),
+            "started_at": ts(turn.started_at), "completed_at": ts(turn.finished_at),
+            "status": TURN_STATUS[Turn.Status(turn.status)],
+            "error": turn_error(turn.error_code, turn.error_message) if failed else None,
+            "usage": usage_out(turn.prompt_tokens, turn.completion_tokens)}
+
+
+# --- items ------------------------------------------------------------------------------------
+
+def user_message_item(turn_id: Any, text: str) -> dict[str, Any]:
+    return {"type": "message", "id": f"msg_{hexid(turn_id)}", "role": "user", "turn_id": str(turn_id),
+            "content": [{"type": "input_text", "text": text}], "phase": None, "status": "completed"}
+
+
+def assistant_message_item(step_id: Any, turn_id: Any, text: str, *, final: bool | None,
+                           status: str = "completed") -> dict[str, Any]:
+    phase = None if final is None else "final_answer" if final else "commentary"
+    return {"type": "message", "id": f"msg_{hexid(step_id)}", "role": "assistant", "turn_id": str(turn_id),
+            "content": [{"type": "output_text", "text": text}] if status == "completed" or text else [],
+            "phase": phase, "status": status}
+
+
+def function_call_item(step_id: Any, turn_id: Any, call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{hexid(step_id)}", "turn_id": str(turn_id), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": "completed"}
+
+
+def function_call_output_item(step_id: Any, turn_id: Any, call_id: str, result: Any, status: str) -> dict[str, Any]:
+    result = result if isinstance(result, dict) else {}
+    failed = status != "completed"
+    return {"type": "function_call_output", "id": f"fco_{hexid(step_id)}", "turn_id": str(turn_id),
+            "call_id": call_id, "output": None if failed else str(result.get("output", "")),
+            "error": str(result.get("output") or result.get("error_code") or status) if failed else None,
+            "status": status}
+
+
+def mcp_call_item(step_id: Any, turn_id: Any, name: str, arguments: Any, *, status: str,
+                  result: Any = None) -> dict[str, Any]:
+    result = result if isinstance(result, dict) else {}
+    failed = status == "failed"
+    return {"type": "mcp_call", "id": f"mcp_{hexid(step_id)}", "turn_id": str(turn_id), "server_label": SERVER_LABEL,
+            "name": name, "arguments": json.dumps(arguments),
+            "output": None if failed or status == "in_progress" else result.get("output"),
+            "error": (result.get("output") or result.get("error_code") or "failed") if failed else None,
+            "status": status}
+
+
+def step_items(step: Step, client_tools: frozenset[str]) -> list[tuple[int | None, dict[str, Any]]]:
+    """A step's items with their output index."""
+    if step.kind == Step.Kind.MODEL:
+        text = str((step.message or {}).get("content") or "")
+        if not text:
+            return []
+        final = not (step.message or {}).get("tool_calls")
+        status = "completed" if step.status == Step.Status.COMPLETED else "incomplete"
+        return [(step.index, assistant_message_item(step.id, step.turn_id, text, final=final, status=status))]
+    settled = SETTLED_TOOL_STATUS.get(Step.Status(step.status))
+    if step.tool_name in client_tools:
+        items: list[tuple[int | None, dict[str, Any]]] = [
+            (step.index, function_call_item(step.id, step.turn_id, step.call_id, step.tool_name, step.arguments))]
+        if settled:
+            items.append((None, function_call_output_item(step.id, step.turn_id, step.call_id, step.result, settled)))
+        return items
+    if step.status == Step.Status.PLANNED:
+        return []
+    return [(step.index, mcp_call_item(step.id, step.turn_id, step.tool_name, step.arguments,
+                                       status=settled or "in_progress", result=step.result))]
+
+
+def turn_items(turn: Turn, steps: Iterable[Step], client_tools: frozenset[str]) -> list[dict[str, Any]]:
+    """Every item of a turn, in order: the input, then what each step produced."""
+    items = [user_message_item(turn.id, turn.input)]
+    for step in steps:
+        items += [item for _, item in step_items(step, client_tools)]
+    return items
+
+
+# --- artifacts --------------------------------------------------------------------------------
+
+def artifact_out(artifact: Artifact) -> dict[str, Any]:
+    return {"id": str(artifact.id), "object": "agent.session.artifact", "session_id": str(artifact.session_id),
+            "turn_id": str(artifact.turn_id) if artifact.turn_id else None, "environment_id": None,
+            "path": "/workspace/" + artifact.path.lstrip("/"), "size_bytes": artifact.size,
+            "created_at": ts(artifact.created_at)}
+
+
+def deleted(object_id: str, kind: str) -> dict[str, Any]:
+    return {"id": object_id, "deleted": True, "object": f"{kind}.deleted"}
+
+
+# --- the live translation of agentops events ---------------------------------------------------
+
+class WireStream:
+    """Turns one session's agentops events (``Event.as_dict()``, in seq order) into wire events.
+
+    It holds what a wire event repeats that an agentops event does not carry: the session
+    snapshot, the open required actions (registered from ``tool.started`` of a client tool and
+    ``approval.requested``, before the session's ``requires_action``), each turn's times, and
+    which model steps have an announced message item. Start it from the state the stream's
+    first event follows (``snapshot`` and ``actions`` read before it).
+    """
+
+    def __init__(self, *, snapshot: dict[str, Any], actions: list[dict[str, Any]] | None = None,
+                 turns: Iterable[Turn] = (), client_steps: dict[str, str] | None = None) -> None:
+        self.snapshot = dict(snapshot)
+        self.actions: dict[str, dict[str, Any]] = {self._key(a): a for a in actions or []}
+        self.turns: dict[str, dict[str, Any]] = {}
+        for turn in turns:
+            self.turns[str(turn.id)] = turn_out(turn, self.snapshot["agent"]["id"])
+        self.client_steps: dict[str, str] = dict(client_steps or {})  # step id → call id
+        self.announced: set[str] = set()  # model steps whose message item was added
+        self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
+
+    @staticmethod
+    def _key(action: dict[str, Any]) -> str:
+        return str(action.get("call_id") or action.get("request_id"))
+
+    def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        out = self._translate(event)
+        for i, wire in enumerate(out):
+            wire["event_id"] = f"evt_{event['seq']}_{i}"
+        return out
+
+    def _session_event(self, status: str) -> dict[str, Any]:
+        self.snapshot["status"] = status
+        self.snapshot["required_actions"] = list(self.actions.values()) if status == "requires_action" else []
+        if status != "failed":
+            self.snapshot["error"] = None
+        return {"type": f"agent.session.{status}", "session": json.loads(json.dumps(self.snapshot))}
+
+    def _turn(self, event: dict[str, Any], **changes: Any) -> dict[str, Any]:
+        turn_id = str(event["turn_id"])
+        turn = self.turns.setdefault(turn_id, {
+            "id": turn_id, "object": "agent.session.turn", "agent_id": self.snapshot["agent"]["id"],
+            "session_id": self.snapshot["id"], "subagent_id": None, "created_at": ts(event["created_at"]),
+            "started_at": None, "completed_at": None, "status": "queued", "error": None, "usage": None})
+        turn.update(changes)
+        return dict(turn)
+
+    def _translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        kind, payload = event["type"], event.get("payload") or {}
+        sid, turn_id, step_id = self.snapshot["id"], event.get("turn_id"), event.get("step_id")
+        at = ts(event["created_at"])
+        base = {"session_id": sid, "turn_id": turn_id}
+        if kind == "session.created":
+            return [{"type": "agent.session.created", "session": self._session_event("idle")["session"]}]
+        if kind == "session.status_changed":
+            status = SESSION_STATUS.get(AgentSession.Status(payload["status"]), "in_progress") \
+                if payload.get("status") in AgentSession.Status.values else "in_progress"
+            self.snapshot["last_active_at"] = at
+            return [self._session_event(status)]
+        if kind == "turn.queued":
+            turn = self._turn(event, created_at=at, status="queued")
+            return [{"type": "agent.session.turn.created", **base, "turn": turn},
+                    {"type": "agent.session.turn.item.added", **base,
+                     "item": user_message_item(turn_id, str(payload.get("input", "")))}]
+        if kind == "turn.started":
+            started = self.turns.get(str(turn_id), {}).get("started_at") or at
+            return [{"type": "agent.session.turn.in_progress", **base,
+                     "turn": self._turn(event, status="in_progress", started_at=started)}]
+        if kind in ("turn.awaiting_approval", "turn.requires_action"):
+            self._turn(event, status="waiting")
+            return []
+        if kind in ("turn.completed", "turn.failed", "turn.cancelled"):
+            status = kind.split(".", 1)[1]
+            error = turn_error(str(payload.get("error_code", "")), str(payload.get("error_message", ""))) \
+                if status == "failed" else None
+            if error is not None:
+                self.snapshot["error"] = error["message"]
+            self.actions = {k: a for k, a in self.actions.items() if a.get("turn_id") != str(turn_id)}
+            return [{"type": f"agent.session.turn.{status}", **base,
+                     "turn": self._turn(event, status=status, completed_at=at, error=error)}]
+        if kind == "model.started" and step_id:
+            self.indices[step_id] = int(payload.get("index", 0))
+            return []
+        if kind == "model.delta" and step_id:
+            out = []
+            index = self.indices.get(step_id, 0)  # deltas carry only their text
+            if step_id not in self.announced:
+                self.announced.add(step_id)
+                out.append({"type": "agent.session.turn.item.added", **base, "output_index": index,
+                            "item": assistant_message_item(step_id, turn_id, "", final=None, status="in_progress")})
+            out.append({"type": "agent.session.turn.output_text.delta", **base, "item_id": f"msg_{hexid(step_id)}",
+                        "output_index": index, "content_index": 0, "delta": str(payload.get("text", ""))})
+            return out
+        if kind == "model.completed" and step_id:
+            text = str(payload.get("content") or "")
+            if not text:
+                return []
+            out = []
+            index = payload.get("index", 0)
+            item = assistant_message_item(step_id, turn_id, text, final=not payload.get("tool_calls"))
+            if step_id not in self.announced:
+                self.announced.add(step_id)
+                out.append({"type": "agent.session.turn.item.added", **base, "output_index": index,
+                            "item": {**item, "status": "in_progress", "content": []}})
+            out.append({"type": "agent.session.turn.output_text.done", **base, "item_id": item["id"],
+                        "output_index": index, "content_index": 0, "text": text})
+            out.append({"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item})
+            return out
+        if kind == "tool.started" and step_id:
+            index, tool, arguments = payload.get("index", 0), str(payload.get("tool", "")), payload.get("arguments")
+            if payload.get("client"):
+                # Registered (the step is running, waiting for its output) in the transaction that
+                # recorded this event: the SDK may post the result as soon as it sees item.added.
+                call_id = str(payload.get("call_id", ""))
+                self.client_steps[step_id] = call_id
+                self.actions[call_id] = function_call_action(turn_id=turn_id, call_id=call_id, name=tool,
+                                                             arguments=arguments)
+                item = function_call_item(step_id, turn_id, call_id, tool, arguments)
+                return [{"type": "agent.session.turn.item.added", **base, "output_index": index, "item": item},
+                        {"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item}]
+            return [{"type": "agent.session.turn.item.added", **base, "output_index": index,
+                     "item": mcp_call_item(step_id, turn_id, tool, arguments or {}, status="in_progress")}]
+        if kind in ("tool.completed", "tool.failed", "tool.rejected", "tool.expired", "tool.cancelled") and step_id:
+            status = "completed" if kind == "tool.completed" else "incomplete" if kind == "tool.cancelled" \
+                else "failed"
+            result = payload.get("result")
+            if payload.get("client") or step_id in self.client_steps:
+                call_id = self.client_steps.get(step_id, "")
+                self.actions.pop(call_id, None)
+                return [{"type": "agent.session.turn.item.added", **base,
+                         "item": function_call_output_item(step_id, turn_id, call_id, result, status)}]
+            index = payload.get("index", 0)
+            return [{"type": "agent.session.turn.item.done", **base, "output_index": index,
+                     "item": mcp_call_item(step_id, turn_id, str(payload.get("tool", "")), payload.get("arguments")
+                                           or {}, status=status, result=result)}]
+        if kind == "tool.output_submitted":
+            self.actions.pop(str(payload.get("call_id", "")), None)
+            return []
+        if kind == "approval.requested":
+            action = approval_action(request_id=payload.get("request_id"), turn_id=turn_id,
+                                     tool=str(payload.get("tool", "")), arguments=payload.get("arguments"),
+                                     arguments_sha256=str(payload.get("arguments_sha256", "")),
+                                     risk=str(payload.get("risk", "")))
+            self.actions[action["request_id"]] = action
+            return []
+        if kind in ("approval.decided", "approval.expired", "approval.cancelled"):
+            self.actions.pop(str(payload.get("request_id", "")), None)
+            return []
+        return []
