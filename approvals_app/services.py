@@ -26,7 +26,7 @@ from sessions_app.events import event_record
 from sessions_app.locks import locked_with_session
 from sessions_app.models import Step, Turn
 from sessions_app.services import step_transition
-from tools_app.binding import run_spec, spec_sha256
+from tools_app.binding import run_spec, spec_sha256, with_arguments
 from tools_app.builtin import validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 
@@ -271,7 +271,7 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
 
     approved_sha256 = approval.arguments_sha256
     if arguments is not None and approval.run_spec:
-        approved_sha256 = spec_sha256({**approval.run_spec, "arguments": arguments})
+        approved_sha256 = spec_sha256(with_arguments(approval.run_spec, arguments))
     _move(approval, STATUS_OF_DECISION[Decision(decision)], decision=decision, decided_by=actor,
           decided_at=timezone.now(), reason=reason, seen_sha256=seen_hash or "", edited_arguments=arguments,
           edited_by=actor if arguments is not None else None, remember=remember, approved_sha256=approved_sha256)

@@ -25,23 +25,34 @@ def tool_version(tool: ToolDefinition) -> str:
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
 
 
-def effective_timeout(tool: ToolDefinition, arguments: dict[str, Any]) -> int:
-    """run_command's timeout: the call's own, capped by the tool's (what ``run_command`` applies)."""
-    requested = arguments.get("timeout_seconds") if tool.name == "run_command" else None
+def _limits(tool_name: str, tool_timeout: int, network: str, arguments: Any) -> dict[str, Any]:
+    """run_command's sandbox limits for this call: its own timeout capped by the tool's (what
+    ``run_command`` applies). Other tools run no command: no limits."""
+    if tool_name != "run_command":
+        return {}
+    requested = arguments.get("timeout_seconds") if isinstance(arguments, dict) else None
+    timeout = tool_timeout
     if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
-        return min(requested, tool.timeout_seconds)
-    return tool.timeout_seconds
+        timeout = min(requested, tool_timeout)
+    return policy_for(timeout_seconds=timeout, network=network).to_dict()
 
 
 def run_spec(*, tool: ToolDefinition, arguments: Any, sandbox_backend: str | None = None) -> dict[str, Any]:
     """The spec of one call of ``tool`` with ``arguments`` as it would run now."""
     backend = sandbox_backend if sandbox_backend is not None else str(sandbox_status().get("backend", ""))
-    args = arguments if isinstance(arguments, dict) else {}
-    limits = (policy_for(timeout_seconds=effective_timeout(tool, args), network=tool.network).to_dict()
-              if tool.name == "run_command" else {})
     return {"tool": tool.name, "tool_version": tool_version(tool), "enabled": tool.enabled, "arguments": arguments,
-            "network": tool.network, "timeout_seconds": tool.timeout_seconds, "limits": limits,
-            "sandbox_backend": backend}
+            "network": tool.network, "timeout_seconds": tool.timeout_seconds,
+            "limits": _limits(tool.name, tool.timeout_seconds, tool.network, arguments), "sandbox_backend": backend}
+
+
+def with_arguments(spec: dict[str, Any], arguments: Any) -> dict[str, Any]:
+    """The spec a reviewer approves when they edit the arguments: the same tool version, network,
+    timeout and backend as the request showed, the edited arguments, and the limits they imply."""
+    edited = {**spec, "arguments": arguments}
+    if "limits" in spec:
+        edited["limits"] = _limits(str(spec.get("tool", "")), int(spec.get("timeout_seconds") or 60),
+                                   str(spec.get("network", "none")), arguments)
+    return edited
 
 
 def spec_sha256(spec: dict[str, Any]) -> str:

@@ -43,7 +43,7 @@ from sessions_app.services import (
     step_result_dropped,
     step_transition,
 )
-from tools_app.binding import run_spec, spec_differences, spec_sha256
+from tools_app.binding import run_spec, spec_differences, spec_sha256, with_arguments
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import (
@@ -193,7 +193,7 @@ def tool_step_rebind(*, step: Step, approval: ApprovalRequest) -> None:
     tool = tool_available(session, step.tool_name)
     fresh = ToolDefinition.objects.filter(name=step.tool_name).first()
     current = run_spec(tool=fresh, arguments=step.arguments) if fresh else {}
-    approved = {**approval.run_spec, "arguments": approval.effective_arguments}
+    approved = with_arguments(approval.run_spec, approval.effective_arguments)
     changed = spec_differences(approved, current)
     approval_transition(request_id=approval.request_id, to=ApprovalRequest.Status.CANCELLED)
     event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="approval.invalidated",

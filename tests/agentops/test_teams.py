@@ -127,3 +127,14 @@ def test_agentops_user_refuses_unknown_roles_and_teams(roles: str, teams: str, m
     with pytest.raises(CommandError, match=message):
         call_command("agentops_user", name, "--roles", roles, "--teams", teams, stdout=StringIO())
     assert not User.objects.filter(username=name).exists()
+
+
+def test_the_demo_seed_puts_the_demo_users_and_agent_in_team_demo() -> None:
+    factories.ensure_roles()
+    call_command("agentops_demo", "--model-url", "http://127.0.0.1:9/v1", stdout=StringIO())
+    call_command("agentops_demo", "--model-url", "http://127.0.0.1:9/v1", stdout=StringIO())  # idempotent
+    roles = dict(TeamMembership.objects.filter(team__slug="demo").values_list("user__username", "role"))
+    assert roles == {"admin": "both", "operator": "operator", "reviewer": "reviewer"}
+    from sessions_app.models import AgentProfile
+
+    assert AgentProfile.objects.get(slug="incident-responder").team.slug == "demo"

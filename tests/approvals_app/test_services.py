@@ -110,6 +110,18 @@ def test_approval_consume_refuses_a_run_that_is_not_what_was_approved(reviewer: 
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "approved"
 
 
+def test_an_edited_timeout_is_part_of_what_is_approved_and_runs(reviewer: User) -> None:
+    approval = _pending(arguments={"command": "make deploy", "timeout_seconds": 30})
+    edited = {"command": "make deploy", "timeout_seconds": 5}
+    services.approval_decide(request_id=approval.request_id, actor=reviewer, decision="approve",
+                             seen_hash=approval.arguments_sha256, arguments=edited)
+    approval.refresh_from_db()
+    assert approval.approved_sha256 != approval.arguments_sha256
+    # The executing task's spec of the edited call (its limits follow the edited timeout) matches.
+    assert services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval)).status == \
+        "consumed"
+
+
 def test_approval_consume_of_a_pending_request_is_refused() -> None:
     approval = _pending()
     with pytest.raises(Conflict):

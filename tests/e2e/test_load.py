@@ -26,8 +26,9 @@ def _stack_connections() -> int:
     s = connection.settings_dict
     with psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
                          dbname="postgres", autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                           [STACK_APP_NAME]).fetchone()
+        # This test database only: other runs on the machine start stacks with the same name.
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND datname = %s",
+                           [STACK_APP_NAME, s["NAME"]]).fetchone()
     return int(row[0]) if row else 0
 
 
