@@ -62,6 +62,7 @@ def _decide_with_wakeup_lost(approval: ApprovalRequest, reviewer: User, monkeypa
 def test_sweeper_redrives_a_turn_whose_decision_wakeup_was_lost(
         worker_process: WorkerFactory, engine_agent: AgentProfile, operator: User, reviewer: User,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTOPS_KICK_QUIET_SECONDS", "2")  # the workers' sweeper: quiet after 2 s
     worker_process(kind="gateway")
     worker_process()  # no sweeper yet
     turn = _start(engine_agent, operator, script(tool("run_command", command="echo hi"), "say ran: {results}"))
