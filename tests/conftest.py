@@ -155,7 +155,6 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
                # Short leases (a live gateway renews its own) and a fast sweeper.
                "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
-               "AGENTOPS_KICK_QUIET_SECONDS": "2",
                "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
         env.pop("DATABASE_TEST_NAME", None)
         if kind == "gateway":

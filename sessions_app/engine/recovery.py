@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -71,7 +72,11 @@ def turns_kick_quiet(*, now: datetime) -> int:
     """Re-drive quiet turns, bounded so that an overloaded box is not flooded: none while the
     engine's backlog is deep (busy is not stuck), at most ``AGENTOPS_KICK_MAX_PER_SWEEP``, and a turn
     whose earlier kick is still queued is not kicked again. Returns how many kicks were sent."""
-    room = settings.AGENTOPS_KICK_QUEUE_LIMIT - dispatch.engine_backlog()
+    try:
+        room = settings.AGENTOPS_KICK_QUEUE_LIMIT - dispatch.engine_backlog()
+    except redis.RedisError:
+        log.warning("sweeper: Redis is unreachable; no quiet turn kicked this time")
+        return 0
     limit = min(settings.AGENTOPS_KICK_MAX_PER_SWEEP, room)
     if limit <= 0:
         log.info("sweeper: the engine's backlog is deep; no quiet turn kicked this time")

@@ -101,7 +101,7 @@ def test_operator_and_reviewer_live(browser: Any, stack: Stack, world: World) ->
     # The operator sees the tool run and the answer stream in, still without a reload.
     card = operator.wait_for_selector(".step.k-tool.s-completed")
     assert "out.txt" in card.inner_text()
-    final = operator.wait_for_selector(".step.final .stream")
+    final = operator.wait_for_selector(".step.final .answer")  # rendered from Markdown once complete
     wait_for(lambda: "done:" in final.inner_text(), what="the final answer")
     assert "hi" in final.inner_text()
     operator.wait_for_selector("#session-status.s-idle")
@@ -210,8 +210,8 @@ def test_xss_payload_is_shown_as_text(browser: Any, stack: Stack, world: World) 
     reviewer.click(f"#approval-{approval.request_id} button[value=approve]")
     reviewer.wait_for_selector(f"#decided-{approval.request_id}")
     operator = session_page(browser, stack, session.id)
-    final = operator.wait_for_selector(".step.final .stream")
-    wait_for(lambda: payload in final.inner_text(), what="the payload echoed back as text")
+    final = operator.wait_for_selector(".step.final .answer-raw", state="attached")  # the raw text, beside the Markdown
+    wait_for(lambda: payload in (final.text_content() or ""), what="the payload echoed back as text")
     for page in (reviewer, operator):
         assert page.evaluate("window.__xss === undefined")
         assert page.locator("img[src=x]").count() == 0
@@ -239,7 +239,7 @@ def test_reconnect_after_daphne_restart_shows_missed_events_once(browser: Any, s
     assert_not_reloaded(operator)
     assert operator.locator(".step.k-tool").count() == 1
     assert operator.locator(".step.k-model").count() == 2
-    answer = operator.inner_text(".step.final .stream")
+    answer = operator.text_content(".step.final .answer-raw")  # the raw text, beside the Markdown
     expected = Step.objects.filter(session_id=session.id, kind="model").order_by("-created_at").first()
     assert expected is not None and answer == expected.message["content"]
     deltas = "".join(e.payload["text"] for e in Event.objects.filter(session_id=session.id, type="model.delta",

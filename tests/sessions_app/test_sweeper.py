@@ -62,6 +62,7 @@ def _decide_with_wakeup_lost(approval: ApprovalRequest, reviewer: User, monkeypa
 def test_sweeper_redrives_a_turn_whose_decision_wakeup_was_lost(
         worker_process: WorkerFactory, engine_agent: AgentProfile, operator: User, reviewer: User,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTOPS_KICK_QUIET_SECONDS", "2")  # the workers' sweeper: quiet after 2 s
     worker_process(kind="gateway")
     worker_process()  # no sweeper yet
     turn = _start(engine_agent, operator, script(tool("run_command", command="echo hi"), "say ran: {results}"))
@@ -171,3 +172,26 @@ def test_sweep_kicks_nothing_while_the_engine_backlog_is_deep(settings: Any) -> 
     assert recovery.sweep()["turns_kicked"] == 0
     client.ltrim(dispatch.ENGINE_QUEUE, 0, 2)  # three left: room for two kicks
     assert recovery.sweep()["turns_kicked"] == 2
+
+
+def _ticks_queued() -> list[str]:
+    """The turn ids of the engine ticks waiting in the queue."""
+    queued = cast(list[bytes], dispatch.redis_client().lrange(dispatch.ENGINE_QUEUE, 0, -1))
+    return [json.loads(raw)["headers"]["argsrepr"] for raw in queued]
+
+
+@pytest.mark.django_db(transaction=True)  # the wake-up goes out after commit
+@pytest.mark.usefixtures("_empty_engine_queue")
+def test_a_repeated_tool_output_wakes_the_engine_again(operator: User) -> None:
+    from tests.helpers import api_client
+
+    turn = factories.turn(factories.session(owner=operator), input="ask the client")
+    step = factories.step(turn, tool_name="lookup_customer", call_id="call_1")
+    Step.objects.filter(pk=step.pk).update(status="running")  # a client call waiting: running, no lease
+    api = api_client(operator)
+    for expected in (1, 2):
+        response = api.post(f"/api/sessions/{turn.session_id}/tool-outputs", {"call_id": "call_1", "output": "ok"},
+                            content_type="application/json")
+        assert response.status_code == 200
+        assert _ticks_queued() == [repr([str(turn.id)])] * expected
+    assert Event.objects.filter(step_id=step.id, type="tool.output_submitted").count() == 1
