@@ -201,6 +201,9 @@ AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.
 AGENTOPS_MODEL_TIMEOUT_SECONDS = env.float("AGENTOPS_MODEL_TIMEOUT_SECONDS", default=120.0)
 AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")
+# The environment variables an agent may name as its model API key: an admin must not be able to
+# send DATABASE_URL or DJANGO_SECRET_KEY to a model URL of their choosing.
+AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_API_KEY"])
 # The model gateway: model calls in flight per gateway process, its database threads, and how
 # long a stopping gateway lets its calls finish.
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)

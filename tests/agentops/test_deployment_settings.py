@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from axes.models import AccessAttempt
@@ -89,3 +90,16 @@ def test_api_docs_load_their_assets_from_this_server() -> None:
     for src in sources:
         if src.startswith("/static/"):
             assert client.get(src).status_code == 200, src
+
+
+@pytest.mark.django_db
+def test_agent_api_key_env_must_be_on_the_allow_list(settings: Any) -> None:
+    agent = factories.agent_profile(api_key_env="DATABASE_URL")
+    with pytest.raises(ValidationError) as refused:
+        agent.full_clean()
+    assert "api_key_env" in refused.value.message_dict
+    agent.api_key_env = "OPENAI_API_KEY"
+    agent.full_clean()
+    settings.AGENTOPS_MODEL_KEY_ENVS = ["OPENAI_API_KEY", "DATABASE_URL"]
+    agent.api_key_env = "DATABASE_URL"
+    agent.full_clean()
