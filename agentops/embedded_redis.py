@@ -66,11 +66,14 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m agentops.embedded_redis -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
+    from agentops.celery import SETTINGS_MODULE_GIVEN
+
+    base = {k: v for k, v in os.environ.items() if SETTINGS_MODULE_GIVEN or k != "DJANGO_SETTINGS_MODULE"}
     if os.environ.get("REDIS_URL"):
-        return subprocess.call(argv)
+        return subprocess.call(argv, env=base)
     with embedded_redis() as url:
         print(f"embedded Redis at {url}", file=sys.stderr)
-        env = {**os.environ, "REDIS_URL": url}
+        env = {**base, "REDIS_URL": url}
         child = subprocess.Popen(argv, env=env)
         signal.signal(signal.SIGTERM, lambda *_: child.terminate())
         try:

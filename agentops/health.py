@@ -11,6 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from agentops.celery import app
+from agentops.selectors import api_token_user
 from tools_app.sandbox import sandbox_status
 
 log = logging.getLogger(__name__)
@@ -82,11 +83,23 @@ def health_checks() -> dict[str, dict[str, Any]]:
     return checks
 
 
+def _may_see_details(request: HttpRequest) -> bool:
+    """Staff (logged in) or any caller with a valid API token: the details name hosts, paths and
+    the sandbox's setup, which an anonymous prober (a load balancer) does not need."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        return True
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(token.strip()) and api_token_user(token.strip()) is not None
+
+
 @require_GET
 def healthz_view(request: HttpRequest) -> JsonResponse:
     checks = health_checks()
     failing = [name for name in REQUIRED if not checks[name]["ok"]]
-    body = {"status": "ok" if not failing else "degraded", "failing": failing, "checks": checks}
+    body: dict[str, Any] = {"status": "ok" if not failing else "degraded"}
+    if _may_see_details(request):
+        body |= {"failing": failing, "checks": checks}
     response = JsonResponse(body, status=503 if failing else 200)
     if failing:
         # One line that names what is down, instead of Django's "ERROR Service Unavailable" for every

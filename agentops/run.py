@@ -55,6 +55,8 @@ def main() -> int:
     port = int(os.environ.get("PORT", "8000"))
     host = os.environ.get("HOST", "127.0.0.1")
     env = dict(os.environ)
+    # A local demo: the development secret key and the demo users are allowed (agentops/settings.py).
+    env.setdefault("AGENTOPS_DEMO", "1")
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     with ExitStack() as stack:
         if not env.get("REDIS_URL"):

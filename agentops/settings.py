@@ -1,9 +1,11 @@
 """agentops settings: one module, read from the environment (see .env.example)."""
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -12,7 +14,19 @@ if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-insecure-change-me-" + "0" * 32)
+# Demo mode: `make run` and the test suite (a local demo on one machine, demo users, the
+# development secret key). Never set it on a real deployment.
+AGENTOPS_DEMO = env.bool("AGENTOPS_DEMO", default=False)
+DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-" + "0" * 32
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY)
+if SECRET_KEY.startswith(("dev-insecure", "change-me")) and not (DEBUG or AGENTOPS_DEMO):
+    # Sessions, CSRF tokens and password-reset links are signed with it: a published key lets
+    # anyone forge a logged-in session.
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is the development key (or the .env.example placeholder): refusing to start. "
+        "Set DJANGO_SECRET_KEY to a long random secret, e.g. "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'; "
+        "or, for a local demo only, DJANGO_DEBUG=1 or AGENTOPS_DEMO=1.")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -26,6 +40,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "ninja",  # its Swagger UI assets come from our static files, not a CDN
+    "axes",
     "tools_app",
     "sessions_app",
     "approvals_app",
@@ -48,7 +64,23 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "agentops.middleware.ContentSecurityPolicyMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses a locked-out username+address before the password is checked
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one username from one
+# address, further attempts are refused (429) for AXES_COOLOFF_TIME; a success resets the count.
+AXES_FAILURE_LIMIT = env.int("AGENTOPS_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("AGENTOPS_LOGIN_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind a proxy, the client address is the first of X-Forwarded-For (set AGENTOPS_BEHIND_PROXY).
+AXES_IPWARE_META_PRECEDENCE_ORDER = (["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+                                     if env.bool("AGENTOPS_BEHIND_PROXY", default=False) else ["REMOTE_ADDR"])
 
 ROOT_URLCONF = "agentops.urls"
 ASGI_APPLICATION = "agentops.asgi.application"
@@ -203,6 +235,9 @@ AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)
 # One model request (a streamed answer included); a model step's lease covers every retry of it.
 AGENTOPS_MODEL_TIMEOUT_SECONDS = env.float("AGENTOPS_MODEL_TIMEOUT_SECONDS", default=120.0)
 AGENTOPS_MODEL_BASE_URL = env.str("OPENAI_BASE_URL", default="")
+# The environment variables an agent may name as its model API key: an admin must not be able to
+# send DATABASE_URL or DJANGO_SECRET_KEY to a model URL of their choosing.
+AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_API_KEY"])
 # The model gateway: model calls in flight per gateway process, its database threads, and how
 # long a stopping gateway lets its calls finish.
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
@@ -216,7 +251,27 @@ AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER: int | None = env.int("AGENTOPS_MAX_ACTIVE
 AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGENTOPS_MAX_REQUEST_BYTES
 
-AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+AUTH_PASSWORD_VALIDATORS: list[dict[str, object]] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+# HTTPS and the proxy in front (README, "Deploying"): all off by default for `make run` on http://localhost.
+SESSION_COOKIE_SECURE = env.bool("AGENTOPS_SECURE_COOKIES", default=False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = env.int("AGENTOPS_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("AGENTOPS_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_SSL_REDIRECT = env.bool("AGENTOPS_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # the load balancer's probe speaks plain HTTP
+if env.bool("AGENTOPS_BEHIND_PROXY", default=False):
+    # Trust the proxy's word on the scheme; only when the proxy overwrites this header itself.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"

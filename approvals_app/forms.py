@@ -1,10 +1,10 @@
 """Forms of the reviewer's pages: they parse and type input; ``approval_decide`` does the rest."""
 
-import json
 from typing import Any
 
 from django import forms
 
+from agentops.parser import json_loads_strict
 from sessions_app.presenters import pretty_json
 
 LONG_TEXT_FIELDS = ("command", "content", "body", "text")
@@ -40,7 +40,8 @@ def _field(kind: str) -> forms.Field:
     # Every field is optional here: an empty one leaves the argument out, and the tool's schema
     # (checked again by approval_decide) says what is required.
     if kind == "integer":
-        return forms.IntegerField(required=False, widget=forms.NumberInput(attrs={"step": "any"}))
+        return forms.IntegerField(required=False, min_value=-(2**63), max_value=2**63 - 1,
+                                  widget=forms.NumberInput(attrs={"step": "any"}))
     if kind == "number":
         return forms.FloatField(required=False, widget=forms.NumberInput(attrs={"step": "any"}))
     if kind == "bool":
@@ -87,8 +88,8 @@ class ApprovalEditForm(forms.Form):
             if kind in ("text", "textarea") and isinstance(value, str):
                 cleaned[key] = value.replace("\r\n", "\n")  # browsers send textarea lines with CRLF
             elif kind == "json" and isinstance(value, str) and value != "":
-                try:
-                    cleaned[key] = json.loads(value)
+                try:  # strict: NaN, NUL, 64-bit overflow and deep nesting were 500s further down
+                    cleaned[key] = json_loads_strict(value)
                 except ValueError:
                     self.add_error(key, "Enter valid JSON.")
         return cleaned

@@ -50,6 +50,7 @@ def configure() -> dict[str, str]:
     """Set the environment (own database, Redis db 9, a fresh workspace root), set Django up, migrate."""
     sys.path.insert(0, str(ROOT))
     os.environ["DJANGO_SETTINGS_MODULE"] = "agentops.settings"
+    os.environ.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
     database_url = _bench_database_url(os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL))
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)

@@ -10,6 +10,7 @@ import django
 
 def seed() -> str:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
+    os.environ.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
     django.setup()
     from django.contrib.auth.models import Group, User
 

@@ -143,6 +143,7 @@ def _cmdline(p: psutil.Process) -> list[str]:
 def start_model(logs: Path, layout: str = "model") -> Stack:
     """A stack of one process: the scripted model (``python -m scripted_model``)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
     env.pop("DJANGO_SETTINGS_MODULE", None)
     model_port = free_port()
     stack = Stack(layout=layout, env=env, web_port=0, model_url=f"http://127.0.0.1:{model_port}/v1", logs=logs)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
+os.environ.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
 
 import django  # noqa: E402
 

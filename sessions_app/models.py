@@ -77,6 +77,10 @@ class AgentProfile(models.Model):
         return self.name
 
     def clean(self) -> None:
+        if self.api_key_env and self.api_key_env not in settings.AGENTOPS_MODEL_KEY_ENVS:
+            raise ValidationError({"api_key_env": f"Not an allowed key variable; allowed: "
+                                                  f"{', '.join(settings.AGENTOPS_MODEL_KEY_ENVS)} "
+                                                  "(setting AGENTOPS_MODEL_KEY_ENVS)."})
         if not isinstance(self.starter_files, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.starter_files.items()
         ):

@@ -155,9 +155,11 @@ def session_timeline_view(request: AuthedRequest, session_id: UUID) -> HttpRespo
     """Older turns, for the "load earlier turns" button."""
     session = _session_or_404(request, session_id)
     try:
-        before = int(request.GET.get("before", ""))
+        before: int | None = int(request.GET.get("before", ""))
     except ValueError:
         before = None
+    if before is not None and not 0 <= before < 2**63:
+        before = None  # a bigint comparison would overflow: as if absent
     turns, earlier_before = _timeline(session, before=before)
     return render(request, "dashboard/_timeline_page.html",
                   {"session": session, "turns": turns, "earlier_before": earlier_before})

@@ -74,6 +74,20 @@ class _Endpoint:
             await asyncio.sleep(delay)
 
 
+def model_api_key(name: str) -> str:
+    """The value of the agent's key variable when it is on the allow-list (AGENTOPS_MODEL_KEY_ENVS).
+
+    Checked here too, not only in the admin form: a row written another way (a shell, a fixture,
+    a migration) must not send a server secret to the agent's base URL. A refused name sends no
+    key at all; the model answers 401 and the turn fails with ``authentication_error``.
+    """
+    name = name or "OPENAI_API_KEY"
+    if name not in settings.AGENTOPS_MODEL_KEY_ENVS:
+        log.warning("agent api_key_env %r is not in AGENTOPS_MODEL_KEY_ENVS: no key sent", name)
+        return "not-needed"
+    return os.environ.get(name) or "not-needed"
+
+
 class ModelClients:
     """The gateway's model clients, per endpoint and key, made on (and bound to) its event loop."""
 
@@ -83,7 +97,7 @@ class ModelClients:
 
     def endpoint(self, profile: AgentProfile) -> _Endpoint:
         base_url = profile.base_url or settings.AGENTOPS_MODEL_BASE_URL or None
-        api_key = os.environ.get(profile.api_key_env or "OPENAI_API_KEY") or "not-needed"
+        api_key = model_api_key(profile.api_key_env)
         key = (base_url or "", api_key)
         if key not in self._endpoints:
             self._endpoints[key] = _Endpoint(base_url, api_key, self.per_endpoint)

@@ -8,6 +8,8 @@ from django.test import Client
 
 from agentops.models import ApiToken
 from agentops.services import api_token_authenticate
+from tests import factories
+from tests.helpers import api_client, login
 
 
 @pytest.mark.django_db
@@ -44,7 +46,7 @@ def test_roles_exist_with_their_permissions() -> None:
 def test_healthz_ok_with_database_redis_a_worker_and_a_gateway(workers: None) -> None:
     deadline = time.monotonic() + 10
     while True:
-        response = Client().get("/healthz")
+        response = api_client(factories.user()).get("/healthz")
         if response.status_code == 200 or time.monotonic() > deadline:
             break
         time.sleep(0.3)
@@ -58,7 +60,7 @@ def test_healthz_ok_with_database_redis_a_worker_and_a_gateway(workers: None) ->
 @pytest.mark.django_db
 def test_healthz_503_names_redis_when_it_is_down(settings) -> None:  # type: ignore[no-untyped-def]
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
-    response = Client().get("/healthz")
+    response = api_client(factories.user()).get("/healthz")
     assert response.status_code == 503
     body = response.json()
     assert "redis" in body["failing"] and body["checks"]["database"]["ok"] is True
@@ -66,10 +68,19 @@ def test_healthz_503_names_redis_when_it_is_down(settings) -> None:  # type: ign
 
 @pytest.mark.django_db
 def test_healthz_503_names_workers_and_gateways_when_none_runs(caplog: pytest.LogCaptureFixture) -> None:
+    staff = login(factories.user(is_staff=True))
     with caplog.at_level(logging.INFO):
-        response = Client().get("/healthz")
+        response = staff.get("/healthz")
     assert response.status_code == 503
     assert response.json()["failing"] == ["workers", "gateways"]
     # One warning that names the failing part, not Django's ERROR "Service Unavailable" per probe.
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name in ("agentops.health", "django.request")] \
         == [("WARNING", "healthz: failing workers, gateways")]
+
+
+@pytest.mark.django_db
+def test_healthz_anonymous_gets_only_ok_or_not(settings) -> None:  # type: ignore[no-untyped-def]
+    assert Client().get("/healthz").json() == {"status": "degraded"}  # no worker runs here
+    assert Client(headers={"Authorization": "Bearer aop_not-a-token"}).get("/healthz").json() == {"status": "degraded"}
+    assert login(factories.user()).get("/healthz").json() == {"status": "degraded"}  # logged in, not staff
+    assert set(api_client(factories.user()).get("/healthz").json()) == {"status", "failing", "checks"}

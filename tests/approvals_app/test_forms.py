@@ -68,3 +68,15 @@ def test_approval_edit_form_reports_values_of_the_wrong_type() -> None:
     assert "timeout_seconds: Enter a whole number." in lines
     assert "env: Enter valid JSON." in lines
     assert any(line.startswith("network: Select a valid choice.") for line in lines)
+
+
+def test_approval_edit_form_refuses_json_and_numbers_nothing_below_can_hold() -> None:
+    """NaN, NUL (PostgreSQL refuses it in jsonb), 64-bit overflow and deep nesting were 500s."""
+    for env in ['{"A": NaN}', '{"A": "\\u0000"}', '{"A": 9223372036854775808}', "[" * 100 + "]" * 100]:
+        form = ApprovalEditForm(SCHEMA, {"command": "ls"}, data=_post(command="ls", env=env))
+        assert not form.is_valid() and "env: Enter valid JSON." in form.error_lines(), env
+    for number in ["9223372036854775808", "-9223372036854775809"]:
+        form = ApprovalEditForm(SCHEMA, {"command": "ls"}, data=_post(command="ls", timeout_seconds=number))
+        assert not form.is_valid(), number
+    for ratio in ["nan", "inf"]:
+        assert not ApprovalEditForm(SCHEMA, {"command": "ls"}, data=_post(command="ls", ratio=ratio)).is_valid()

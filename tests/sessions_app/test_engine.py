@@ -231,6 +231,27 @@ def test_engine_model_401_fails_at_once(engine_agent: AgentProfile, people: tupl
         server.server_close()
 
 
+def test_engine_api_key_env_outside_the_allow_list_sends_no_key(engine_agent: AgentProfile, people: tuple[User, User],
+                                                                monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """An admin who names a server secret as an agent's key variable cannot send it to a model URL."""
+    from scripted_model.server import start_in_thread
+
+    server, url = start_in_thread(port=0, api_key="server-secret-value")
+    try:
+        monkeypatch.setenv("AGENTOPS_TEST_SERVER_SECRET", "server-secret-value")
+        engine_agent.base_url, engine_agent.api_key_env = url, "AGENTOPS_TEST_SERVER_SECRET"
+        engine_agent.save()
+        _, refused = start(engine_agent, people[0], "say hello")
+        refused = finished(refused)
+        assert (refused.status, refused.error_code) == ("failed", "authentication_error")  # no key was sent
+        settings.AGENTOPS_MODEL_KEY_ENVS = ["OPENAI_API_KEY", "AGENTOPS_TEST_SERVER_SECRET"]
+        _, allowed = start(engine_agent, people[0], "say hello")
+        assert finished(allowed).status == "completed"  # the same agent, once the variable is allowed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_engine_send_email_sends_once(engine_agent: AgentProfile, people: tuple[User, User]) -> None:
     session, turn = start(engine_agent, people[0], script(
         tool("send_email", to="ops@example.com", subject="Incident", body="resolved"), "say {results}"))

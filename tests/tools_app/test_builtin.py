@@ -1,7 +1,9 @@
 import hashlib
 import http.server
 import os
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,3 +154,100 @@ def test_http_request_sends_the_steps_idempotency_key(settings, local_http_serve
     own = execute_tool(name="http_request", workspace=workspace, network="host", idempotency_key="turn-1:call_8",
                        arguments={"url": url, "headers": {"idempotency-key": "mine"}})
     assert "key=mine" in own.output
+# --- http_request: a total deadline, odd input, addresses that tunnel or translate inward (issue 12, point 8) --------
+
+@pytest.fixture
+def dripping_server() -> Iterator[int]:
+    """Sends its headers, then one body byte every 0.3 s, forever: each read finishes well
+    within any per-read timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                try:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                    while not stop.is_set():
+                        conn.sendall(b"x")
+                        time.sleep(0.3)
+                except OSError:
+                    continue
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    stop.set()
+    listener.close()
+
+
+def test_http_request_has_a_total_deadline(settings, dripping_server: int) -> None:  # type: ignore[no-untyped-def]
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS, settings.AGENTOPS_HTTP_ALLOW_PRIVATE = ["127.0.0.1"], True
+    started = time.monotonic()
+    result = execute_tool(name="http_request", workspace=workspace_for("http-drip"), timeout_seconds=2,
+                          arguments={"url": f"http://127.0.0.1:{dripping_server}/"}, network="host")
+    assert result.error_code == "timeout" and "total deadline" in result.error_message
+    assert time.monotonic() - started < 3.5
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::a00:1", "64:ff9b::7f00:1", "64:ff9b:1::a00:1", "2002:a00:1::1",
+                                     "2002:7f00:1::1", "fec0::1", "::ffff:10.0.0.1", "::ffff:127.0.0.1",
+                                     "::ffff:169.254.169.254", "::10.0.0.1", "2001:0:4136:e378:8000:63bf:3fff:fdd2"])
+def test_http_request_refuses_nat64_6to4_site_local_and_mapped_private(settings, address: str) -> None:  # type: ignore[no-untyped-def]
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS, settings.AGENTOPS_HTTP_ALLOW_PRIVATE = ["*"], False
+    result = execute_tool(name="http_request", workspace=workspace_for("http-v6"),
+                          arguments={"url": f"http://[{address}]/"}, network="host")
+    assert result.error_code == "denied" and "private" in result.error_message, result
+
+
+@pytest.mark.parametrize(("url", "headers"), [
+    ("http://127.0.0.1:99999/", {}), ("http://127.0.0.1:abc/", {}), ("http://[::1/", {}), ("http://127.0.0.1:0/", {}),
+    ("http://127.0.0.1/", {"X-A": "line\r\nInjected: 1"}), ("http://127.0.0.1/", {"X-A": "caf\u00e9 \u2603"}),
+    ("http://127.0.0.1/", {"Bad Name": "x"}), ("http://127.0.0.1/", {"X-A": "nul\x00"}),
+])
+def test_http_request_odd_urls_and_headers_are_invalid_arguments(settings, url: str,  # type: ignore[no-untyped-def]
+                                                                 headers: dict[str, str]) -> None:
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS, settings.AGENTOPS_HTTP_ALLOW_PRIVATE = ["*"], True
+    arguments: dict[str, object] = {"url": url, **({"headers": headers} if headers else {})}
+    result = execute_tool(name="http_request", workspace=workspace_for("http-odd"), arguments=arguments,
+                          network="host")
+    assert result.error_code == "invalid_arguments", result
+
+
+@pytest.fixture
+def odd_charset_server() -> Iterator[int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            charset = self.path.strip("/")
+            body = "héllo".encode("latin-1")
+            self.send_response(200)
+            self.send_header("Content-Type", f"text/plain; charset={charset}")
+            self.send_header("X-Odd", "v\u00e9".encode("latin-1").decode("latin-1"))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.mark.parametrize(("charset", "text"), [("latin-1", "héllo"), ("x-no-such-charset", "h\ufffdllo"),
+                                               ("base64", "h\ufffdllo"), ("utf-7", "h\ufffdllo")])
+def test_http_request_odd_charsets_read_without_failing(settings, odd_charset_server: int, charset: str,  # type: ignore[no-untyped-def]
+                                                        text: str) -> None:
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS, settings.AGENTOPS_HTTP_ALLOW_PRIVATE = ["127.0.0.1"], True
+    result = execute_tool(name="http_request", workspace=workspace_for("http-charset"),
+                          arguments={"url": f"http://127.0.0.1:{odd_charset_server}/{charset}"}, network="host")
+    assert result.status == "completed", result
+    assert result.output.endswith(text)

@@ -1,7 +1,12 @@
 """Tools with effects beyond the workspace: send_email (through the outbox) and http_request."""
 
+import codecs
+import contextlib
 import ipaddress
+import re
 import socket
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -66,12 +71,96 @@ def _host_allowed(host: str, allowed: list[str]) -> bool:
     return False
 
 
+# IPv6 ranges that reach IPv4 or site networks through a translator or a tunnel, which
+# ``ipaddress`` (3.11) calls global: NAT64 (well-known and local-use prefixes) reaches any IPv4
+# address a translator can, 10.0.0.0/8 included; 6to4 and Teredo tunnel to embedded IPv4
+# addresses; site-local is the old private range; IPv4-compatible embeds an IPv4 address.
+_BLOCKED_V6 = tuple(ipaddress.ip_network(net) for net in (
+    "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32", "fec0::/10", "::/96", "100::/64"))
+
+
 def _address_is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:10.0.0.1 is 10.0.0.1
+        elif any(ip in net for net in _BLOCKED_V6):
+            return False
     return not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
                 or ip.is_unspecified or not ip.is_global)
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")  # an RFC 9110 token
+
+
+def _checked_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The model's headers, or invalid_arguments for one that cannot be sent as it reads: a name
+    that is not a token, a value with CR, LF or NUL (header injection) or outside Latin-1."""
+    checked = {}
+    for key, value in headers.items():
+        if not _HEADER_NAME.match(key):
+            raise ToolError("invalid_arguments", f"header name {key[:40]!r} is not a valid token")
+        if any(c in value for c in "\r\n\x00"):
+            raise ToolError("invalid_arguments", f"header {key!r} contains CR, LF or NUL")
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise ToolError("invalid_arguments", f"header {key!r} has characters outside Latin-1") from exc
+        if key.lower() != "host":
+            checked[key] = value
+    return checked
+
+
+def _text(body: bytes, encoding: str | None) -> str:
+    """The body as text in its declared charset; an unknown or odd one reads as UTF-8."""
+    try:
+        codec = codecs.lookup(encoding or "utf-8")
+    except (LookupError, ValueError):
+        codec = codecs.lookup("utf-8")
+    if codec.name in ("utf-7",) or not codec._is_text_encoding:
+        codec = codecs.lookup("utf-8")  # base64/zlib "charsets" are not text; UTF-7 smuggles markup
+    return body.decode(codec.name, "replace")
+
+
+class _Deadline:
+    """A total deadline for one request: connect, headers and body together. httpx's timeouts
+    are per operation, so a server dripping a byte before each read timeout held a worker forever;
+    past the deadline the socket is shut down, which ends any read blocked on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._timers: list[threading.Timer] = []
+
+    def remaining(self) -> float:
+        return max(0.001, self.at - time.monotonic())
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: arm the deadline on the socket as soon as it is connected."""
+        if event != "connection.connect_tcp.complete":
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            timer = threading.Timer(self.remaining(), self._expire, args=(sock,))
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
+
+    def _expire(self, sock: socket.socket) -> None:
+        self.expired = True
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def check(self) -> None:
+        if self.expired or time.monotonic() >= self.at:
+            self.expired = True
+            raise httpx.ReadTimeout("total deadline")
+
+    def cancel(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
 
 
 def _resolve_checked(host: str, port: int) -> str:
@@ -97,30 +186,37 @@ def http_request(ctx: ToolContext) -> ToolResult:
     if ctx.network != "host":
         raise ToolError("denied", "this tool's definition allows no network")
     url = ctx.arguments["url"]
-    parts = urlsplit(url)
-    host = parts.hostname or ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # a port out of range or not a number, a broken [IPv6] literal
+        raise ToolError("invalid_arguments", f"not a valid URL: {exc}") from exc
     if parts.scheme not in ("http", "https") or not host:
         raise ToolError("invalid_arguments", f"not an http(s) URL: {url!r}")
     if parts.username or parts.password:
         raise ToolError("invalid_arguments", "credentials in the URL are not allowed")
+    if port == 0:
+        raise ToolError("invalid_arguments", "port 0 is not a port to connect to")
+    headers = _checked_headers(dict(ctx.arguments.get("headers", {})))
     allowed = list(getattr(settings, "AGENTOPS_HTTP_ALLOWED_HOSTS", []))
     if not _host_allowed(host, allowed):
         raise ToolError("denied", f"host {host!r} is not in AGENTOPS_HTTP_ALLOWED_HOSTS")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    deadline = _Deadline(float(ctx.timeout_seconds))
     address = _resolve_checked(host, port)
     literal = f"[{address}]" if ":" in address else address
     pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
-    headers = dict(ctx.arguments.get("headers", {}))
-    headers = {key: value for key, value in headers.items() if key.lower() != "host"}
     headers["Host"] = host if parts.port is None else f"{host}:{parts.port}"
     # The step's key, the same on every retry: a server that honours Idempotency-Key applies a
     # request the reviewer re-ran after a crash (in_doubt → retry) once. The model may set its own.
     if ctx.idempotency_key and not any(key.lower() == "idempotency-key" for key in headers):
         headers["Idempotency-Key"] = ctx.idempotency_key
-    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    extensions: dict[str, Any] = {"trace": deadline.trace}
+    if parts.scheme == "https":
+        extensions["sni_hostname"] = host
     body = ctx.arguments.get("body")
     try:
-        with httpx.Client(trust_env=False, follow_redirects=False, timeout=ctx.timeout_seconds) as client:
+        with httpx.Client(trust_env=False, follow_redirects=False, timeout=deadline.remaining()) as client:
             request = client.build_request(ctx.arguments.get("method", "GET"), pinned, headers=headers,
                                            content=body.encode() if body is not None else None,
                                            extensions=extensions)
@@ -128,17 +224,21 @@ def http_request(ctx: ToolContext) -> ToolResult:
             try:
                 received = bytearray()
                 for chunk in response.iter_bytes():
+                    deadline.check()
                     received += chunk
                     if len(received) > HTTP_BODY_CAP:
                         break
             finally:
                 response.close()
-    except httpx.TimeoutException as exc:
-        raise ToolError("timeout", f"the request to {host} timed out after {ctx.timeout_seconds} s") from exc
     except httpx.HTTPError as exc:
+        if isinstance(exc, httpx.TimeoutException) or deadline.expired:
+            raise ToolError("timeout", f"the request to {host} did not finish within {ctx.timeout_seconds} s "
+                                       "(a total deadline)") from exc
         raise ToolError("network_error", f"the request to {host} failed: {exc}") from exc
+    finally:
+        deadline.cancel()
     truncated = len(received) > HTTP_BODY_CAP
-    text = bytes(received[:HTTP_BODY_CAP]).decode(response.encoding or "utf-8", "replace")
+    text = _text(bytes(received[:HTTP_BODY_CAP]), response.charset_encoding)
     output = f"HTTP {response.status_code} {response.reason_phrase}\n\n{cap_text(text)}"
     return ToolResult(status="completed", output=output,
                       data={"status_code": response.status_code, "headers": dict(response.headers),
