@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
+from approvals_app.models import ApprovalRequest
 from scripted_model.server import ScriptedModelServer
 from sessions_app.engine.commands import session_start
 from sessions_app.engine.gateway import turn_drive_once
@@ -132,3 +133,49 @@ def test_verification_with_real_workers_after_tools(
     assert turn.status == "completed" and turn.output_text == "found alpha and beta" and not turn.criteria_unmet
     assert Step.objects.filter(turn=turn, kind="verification", status="completed").count() == 2
     assert_gap_free(session.id)
+
+
+# --- prohibitions: checked before a reviewer is asked -----------------------------------------
+
+PROHIBITIONS = ["Never touch `prod.db`.", "Do not use `curl`."]
+
+
+def test_prohibitions_checked_before_a_mutating_call_goes_to_the_reviewer(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, reviewer: User) -> None:
+    session = session_create(agent=engine_agent, owner=owner, title="prohibitions",
+                             pinned={"prohibitions": PROHIBITIONS})
+    after = scripted_model.request_log.last_seq
+    turn = turn_create(session_id=session.id, actor=owner, input="\n".join([
+        "parallel", tool("write_file", path="prod.db", content="x"), tool("write_file", path="notes.txt", content="y"),
+        "end", "say done"]))
+    _run(turn.id)
+    sent = scripted_model.logged_requests(after=after)
+    assert [e.purpose for e in sent] == ["chat", "prohibitions"]
+    bad, good = Step.objects.filter(turn=turn, kind="tool").order_by("index")
+    assert bad.status == good.status == "awaiting_approval"
+    assert bad.checks == [
+        {"prohibition": PROHIBITIONS[0], "violated": True, "evidence": "'prod.db' appears in the call"},
+        {"prohibition": PROHIBITIONS[1], "violated": False, "evidence": "'curl' does not appear in the call"}]
+    assert good.checks is not None and not any(c["violated"] for c in good.checks)
+    bad_request = ApprovalRequest.objects.get(step=bad)
+    good_request = ApprovalRequest.objects.get(step=good)
+    assert bad_request.risk == "high" and PROHIBITIONS[0] in bad_request.risk_note
+    assert PROHIBITIONS[0] not in good_request.risk_note
+    page = login(reviewer).get(f"/approvals/{bad_request.request_id}/").content.decode()
+    assert 'id="prohibition-checks"' in page and "✗ may violate: Never touch `prod.db`." in page
+    assert "✓ respects: Do not use `curl`." in page
+    # The check's tokens are counted in the session's usage.
+    session.refresh_from_db()
+    model_step = Step.objects.get(turn=turn, kind="model")
+    assert session.prompt_tokens == model_step.prompt_tokens + sent[1].prompt_tokens
+
+
+def test_prohibitions_not_checked_for_read_only_calls(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    session = session_create(agent=engine_agent, owner=owner, title="read only",
+                             pinned={"prohibitions": PROHIBITIONS})
+    after = scripted_model.request_log.last_seq
+    turn = turn_create(session_id=session.id, actor=owner, input=tool("list_files", path=".") + "\nsay ok")
+    _run(turn.id)
+    assert Turn.objects.get(pk=turn.pk).status == "completed"
+    assert [e.purpose for e in scripted_model.logged_requests(after=after)] == ["chat", "chat"]
