@@ -179,3 +179,40 @@ def test_prohibitions_not_checked_for_read_only_calls(
     _run(turn.id)
     assert Turn.objects.get(pk=turn.pk).status == "completed"
     assert [e.purpose for e in scripted_model.logged_requests(after=after)] == ["chat", "chat"]
+
+
+def test_verification_step_recovered_after_a_crash_and_recorded_once(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions_app.engine import llm
+    from sessions_app.engine.recovery import step_recover
+    from sessions_app.engine.tick import turn_tick
+    from sessions_app.engine.verification import verification_record_atomic
+
+    session = session_create(agent=engine_agent, owner=owner, title="crash", pinned={"acceptance_criteria": CRITERIA})
+    turn = turn_create(session_id=session.id, input="say alpha and beta", actor=owner)
+    # The answer is recorded; the tick claims the verification and that worker dies.
+    from sessions_app.engine.model_step import model_reply_record
+    model = turn_tick(turn.id, calls_models=True)
+    assert model is not None and model.step.kind == "model"
+    model_reply_record(step=model.step, reply=llm.ModelReply(content="alpha and beta"),
+                       message={"role": "assistant", "content": "alpha and beta"})
+    claimed = turn_tick(turn.id, calls_models=True)
+    assert claimed is not None and claimed.step.kind == "verification"
+    dead = claimed.step
+    Step.objects.filter(pk=dead.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert step_recover(dead.pk) is True
+    assert Step.objects.get(pk=dead.pk).status == "planned"
+    _run(turn.id)  # a fresh gateway re-runs it
+    turn = Turn.objects.get(pk=turn.pk)
+    assert turn.status == "completed" and turn.output_text == "alpha and beta" and turn.criteria_unmet is False
+    rerun = Step.objects.get(pk=dead.pk)
+    assert rerun.status == "completed" and rerun.attempts == 2
+    # The dead worker's late verdict changes nothing.
+    late = llm.ModelReply(content='{"verdicts": []}')
+    assert verification_record_atomic(dead, late) is False
+    assert Step.objects.get(pk=dead.pk).result == rerun.result
+    assert Event.objects.filter(step_id=dead.pk, type="turn.verified").count() == 1
