@@ -17,7 +17,8 @@ as its own process (``python -m scripted_model``) over HTTP, on PostgreSQL.
   the whole history (what the product did before compaction).
 
 Printed, from the model's request log (``GET /_log``) and the database of the same run: every
-request's size against the window, the pinned items found verbatim in each request, total prompt
+request's size against the window, the pinned items found verbatim in each request (the turn's
+answer is verified against the acceptance criterion: one verification call per run), total prompt
 tokens on vs off (and off computed from the same history, prefix by prefix), the compaction
 steps' share of all tokens, and engine ms/step on vs off at each N (wall time of the turn per
 step, and the same less the model server's own time per request).
@@ -45,7 +46,7 @@ KEEP_RECENT_STEPS = 4
 TURN_TIMEOUT_SECONDS = 900.0
 PINNED = {"requirements": ["Keep the public API backwards compatible (REQ-7f3a)."],
           "prohibitions": ["Never write to the production database (PRO-91c2)."],
-          "acceptance_criteria": ["Every test passes on the CI runner (ACC-5d10)."]}
+          "acceptance_criteria": ["The agent reports that it is `done` (ACC-5d10)."]}
 
 
 def big_file() -> str:
@@ -106,7 +107,8 @@ def run_turn(profile: Any, owner: Any, n: int, worker: Worker) -> tuple[Any, flo
         worker.check()
         time.sleep(0.1)
     tools = Step.objects.filter(turn=row, kind=Step.Kind.TOOL, status=Step.Status.COMPLETED).count()
-    if row.status != Turn.Status.COMPLETED or row.output_text != "done" or tools != n or row.finished_at is None:
+    if (row.status != Turn.Status.COMPLETED or row.output_text != "done" or row.criteria_unmet or tools != n
+            or row.finished_at is None):
         raise SystemExit(f"N={n}: the turn ended {row.status} {row.error_code} {row.error_message[:300]!r} "
                          f"output={row.output_text[:80]!r} tool steps={tools};\n" + worker.tail())
     return row, (row.finished_at.timestamp() - started) * 1000
@@ -138,12 +140,13 @@ def measure(label: str, n: int, profile: Any, owner: Any, model: Model, worker: 
     session = AgentSession.objects.select_related("agent").get(pk=turn.session_id)
     steps = Step.objects.filter(session=session)
     sums = {kind: steps.filter(kind=kind).aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
-            for kind in ("model", "compaction")}
+            for kind in ("model", "compaction", "verification")}
     model_ms = sum((e["finished_at"] - e["received_at"]) * 1000 for e in sent)
     pinned = [item for items in PINNED.values() for item in items]
     return {
         "label": label, "n": n, "session": session, "wall_ms": wall_ms, "model_ms": model_ms,
         "requests": len(sent), "chat": sum(e["purpose"] == "chat" for e in sent),
+        "verifications": sum(e["purpose"] == "verification" for e in sent),
         "compactions": sum(e["purpose"] == "compaction" for e in sent),
         "refused": sum(e["status"] != 200 for e in sent),
         "max_prompt": max(e["prompt_tokens"] for e in sent),
@@ -151,6 +154,7 @@ def measure(label: str, n: int, profile: Any, owner: Any, model: Model, worker: 
         "prompt_tokens": sum(e["prompt_tokens"] for e in sent),
         "model_tokens": (sums["model"]["p"] or 0) + (sums["model"]["c"] or 0),
         "compaction_tokens": (sums["compaction"]["p"] or 0) + (sums["compaction"]["c"] or 0),
+        "verification_tokens": (sums["verification"]["p"] or 0) + (sums["verification"]["c"] or 0),
     }
 
 
@@ -197,7 +201,7 @@ def report(rows: list[dict[str, Any]]) -> None:
     for n in sorted({r["n"] for r in rows}):
         on, off = by[("on", n)], by[("off", n)]
         computed = uncompacted_prompt_tokens(on["session"])
-        total = on["model_tokens"] + on["compaction_tokens"]
+        total = on["model_tokens"] + on["compaction_tokens"] + on["verification_tokens"]
         print(f"N={n}: every request under the window: {on['max_prompt'] <= WINDOW and on['refused'] == 0} "
               f"(max {on['max_prompt']} of {WINDOW}); pinned verbatim in {on['pinned_ok']}/{on['requests']} "
               f"requests ({100 * on['pinned_ok'] / on['requests']:.0f} %)")

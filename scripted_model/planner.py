@@ -20,6 +20,7 @@ SCRIPT_FINISHED_TEXT = "(script finished)"
 # What agentops puts in the system message of its compaction and verification calls.
 COMPACTION_MARKER = "[[agentops:compaction]]"
 VERIFICATION_MARKER = "[[agentops:verification]]"
+PROHIBITIONS_MARKER = "[[agentops:prohibitions]]"
 CHARS_PER_TOKEN = 4
 SUMMARY_FACTS = 20
 RESULT_PREVIEW_CHARS = 200
@@ -132,7 +133,8 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def request_purpose(messages: list[dict[str, Any]]) -> str:
-    """"compaction" or "verification" when a system message carries agentops's marker; else "chat"."""
+    """"compaction", "verification" or "prohibitions" when a system message carries agentops's
+    marker; else "chat"."""
     for message in messages:
         if message.get("role") == "system":
             text = content_text(message.get("content"))
@@ -140,6 +142,8 @@ def request_purpose(messages: list[dict[str, Any]]) -> str:
                 return "compaction"
             if VERIFICATION_MARKER in text:
                 return "verification"
+            if PROHIBITIONS_MARKER in text:
+                return "prohibitions"
     return "chat"
 
 
@@ -236,6 +240,29 @@ def verification_verdicts(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"verdicts": verdicts}
 
 
+def prohibition_checks(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The deterministic checks of a prohibitions request: a call violates a prohibition when its
+    key (the text between backticks in it, else the whole prohibition) occurs in the call's name or
+    arguments, ignoring case."""
+    user = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    head, _, proposed = user.partition("Proposed calls:")
+    lines = [line.strip() for line in head.partition("Prohibitions:")[2].splitlines()]
+    prohibitions = [re.sub(r"^\d+\.\s*", "", line) for line in lines if re.match(r"^\d+\.", line)]
+    checks = []
+    for line in proposed.splitlines():
+        match = re.match(r"^- ([^:]+): (.*)$", line.strip())
+        if not match:
+            continue
+        call_id, call = match.groups()
+        for prohibition in prohibitions:
+            quoted = re.findall(r"`([^`]+)`", prohibition)
+            key = quoted[0] if quoted else prohibition
+            violated = key.lower() in call.lower()
+            checks.append({"call_id": call_id, "prohibition": prohibition, "violated": violated,
+                           "evidence": f"{key!r} {'appears' if violated else 'does not appear'} in the call"})
+    return {"checks": checks}
+
+
 def plan_reply(messages: list[dict[str, Any]]) -> Reply:
     """Decide the model's answer to a conversation. Pure: the same messages give the same reply."""
     latest_user = _latest_user_index(messages)
@@ -243,8 +270,10 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
     digest = conversation_hash(messages)
     chars = prompt_chars(messages)
     purpose = request_purpose(messages)
-    if purpose in ("compaction", "verification"):
-        answer = compaction_summary(messages) if purpose == "compaction" else verification_verdicts(messages)
+    if purpose != "chat":
+        answers = {"compaction": compaction_summary, "verification": verification_verdicts,
+                   "prohibitions": prohibition_checks}
+        answer = answers[purpose](messages)
         text = json.dumps(answer, sort_keys=True)
         return Reply(text=text, tool_calls=(), finish_reason="stop", prompt_tokens=_estimate_tokens(chars),
                      completion_tokens=_estimate_tokens(len(text)), position_key=f"{digest}:{purpose}",

@@ -7,7 +7,7 @@ from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Ste
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "team", "model", "base_url", "enabled", "max_tool_calls", "max_tokens",
-                    "updated_at"]
+                    "context_window", "updated_at"]
     list_filter = ["enabled", "team", "model"]
     search_fields = ["name", "slug", "instructions"]
     prepopulated_fields = {"slug": ["name"]}

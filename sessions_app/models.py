@@ -327,6 +327,9 @@ class Step(StateMachine, models.Model):
     error_message = models.TextField(blank=True)
     attempts = models.PositiveIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, blank=True)
+    # Tool steps a reviewer is asked about: the model's check of the call against the session's
+    # prohibitions ([{prohibition, violated, evidence}]), shown next to the arguments.
+    checks = models.JSONField(null=True, blank=True)
     # Effect evidence: the workspace manifest taken before a mutating command started.
     manifest = models.JSONField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True)

@@ -87,6 +87,7 @@ def prompt_estimate(session_id: Any, system_chars: int) -> int:
     """The estimated size (tokens) of the next model call's prompt. Two or three queries, flat in
     the length of the session."""
     from sessions_app.engine.prompt import tool_result_text
+    from sessions_app.engine.verification import verification_message
 
     # A verification is a call of its own, not the agent's prompt: never the basis.
     basis = (Step.objects.filter(session_id=session_id, kind__in=(Step.Kind.MODEL, Step.Kind.COMPACTION),
@@ -104,9 +105,13 @@ def prompt_estimate(session_id: Any, system_chars: int) -> int:
         tokens = basis.prompt_tokens + tokens_of(message_chars(basis.message or {}))
     added = sum(len(text) + 4 for text in Turn.objects.filter(
         session_id=session_id, index__gt=position[0]).values_list("input", flat=True))
-    for step in Step.objects.filter(_after(position), session_id=session_id, kind=Step.Kind.TOOL,
-                                    status__in=Step.SETTLED).only("status", "result", "call_id"):
-        added += len(tool_result_text(step)) + 4
+    for step in Step.objects.filter(_after(position), session_id=session_id,
+                                    kind__in=(Step.Kind.TOOL, Step.Kind.VERIFICATION),
+                                    status__in=Step.SETTLED).only("kind", "status", "result", "call_id"):
+        if step.kind == Step.Kind.TOOL:
+            added += len(tool_result_text(step)) + 4
+        elif step.status == Step.Status.COMPLETED and not (step.result or {}).get("all_met"):
+            added += message_chars(verification_message(step))  # the agent is told what is unmet
     return tokens + tokens_of(added)
 
 

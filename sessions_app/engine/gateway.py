@@ -40,6 +40,7 @@ from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
 from sessions_app.engine import llm
 from sessions_app.engine.compaction import compaction_record_atomic, compaction_request
 from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
+from sessions_app.engine.prohibitions import calls_to_check, checks_parse, checks_unavailable, prohibitions_request
 from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
 from sessions_app.engine.tool_steps import tool_step_execute
 from sessions_app.engine.verification import verification_record_atomic, verification_request
@@ -142,10 +143,29 @@ class Gateway:
                 except llm.ModelCallFailed as exc:
                     await self.db(model_failure_record, current, exc)
                     return
+                await self.prohibitions_check(convo, current, reply)
                 following = await self.db(model_reply_apply, convo, current, reply)
             finally:
                 self.held.pop(current.id, None)
             current = following
+
+    async def prohibitions_check(self, convo: Conversation, step: Step, reply: llm.ModelReply) -> None:
+        """Judge the reply's calls that may go to a reviewer against the session's prohibitions
+        (``prohibitions.py``); the verdicts ride on the reply into the tool steps."""
+        assert self.clients is not None
+        calls = await self.db(calls_to_check, convo.session, reply)
+        if not calls:
+            return
+        prohibitions = list(convo.session.prohibitions)
+        try:
+            checked = await llm.call_model(clients=self.clients, profile=convo.session.agent,
+                                           messages=prohibitions_request(convo.session, calls), tools=[],
+                                           sink=self._sink(step))
+        except llm.ModelCallFailed as exc:
+            reply.checks = checks_unavailable(prohibitions, calls, exc.message)
+            return
+        reply.checks = checks_parse(checked.content, prohibitions, calls)
+        reply.check_prompt_tokens, reply.check_completion_tokens = checked.prompt_tokens, checked.completion_tokens
 
     async def side_call_drive(self, step: Step, request: Callable[[Step], tuple[Any, list[dict[str, Any]]]],
                               record: Callable[[Step, llm.ModelReply], bool]) -> None:

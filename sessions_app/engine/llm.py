@@ -125,6 +125,11 @@ class ModelReply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = ""
+    # The prohibitions check made for this reply (``prohibitions.py``): per call id its verdicts,
+    # and what that call cost (counted in the session's tokens, not in this call's prompt).
+    checks: dict[str, Any] | None = None
+    check_prompt_tokens: int = 0
+    check_completion_tokens: int = 0
 
 
 class _DeltaFlusher:

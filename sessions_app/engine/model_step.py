@@ -101,16 +101,19 @@ def model_reply_record(*, step: Step, reply: llm.ModelReply, message: dict[str, 
     step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
                     event_type="model.completed", event_payload=llm.reply_event_fields(message, reply),
                     message=message, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+    prompt_tokens = reply.prompt_tokens + reply.check_prompt_tokens  # the prohibitions check counts too
+    completion_tokens = reply.completion_tokens + reply.check_completion_tokens
     AgentSession.objects.filter(pk=step.session_id).update(
-        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
-        completion_tokens=F("completion_tokens") + reply.completion_tokens)
-    Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + reply.prompt_tokens,
-                                                 completion_tokens=F("completion_tokens") + reply.completion_tokens)
+        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + prompt_tokens,
+        completion_tokens=F("completion_tokens") + completion_tokens)
+    Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + prompt_tokens,
+                                                 completion_tokens=F("completion_tokens") + completion_tokens)
     modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
+    checks = reply.checks or {}
     return [Step.objects.create(
         session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
         tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
-        error_code="invalid_arguments" if error else "",
+        error_code="invalid_arguments" if error else "", checks=checks.get(call_id),
         approval_mode=modes.get(name, ApprovalMode.MUTATING), idempotency_key=f"{step.turn_id}:{call_id}")
         for i, (name, call_id, arguments, error) in enumerate(llm.planned_calls(message), start=1)]
 
@@ -183,7 +186,7 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
     after_reply = _plus(convo.counters, model_calls=1, prompt_tokens=reply.prompt_tokens,
                         completion_tokens=reply.completion_tokens)
     limit = after_reply["max_tool_calls"]
-    if (not calls or None in tools or not convo.in_time()
+    if (not calls or None in tools or reply.checks or not convo.in_time()
             or (limit is not None and after_reply["tool_calls"] + len(calls) > limit)
             or budget_crossed(after_reply, convo.turn_seconds(), before="tool")):
         _reply_record(step, reply, message)

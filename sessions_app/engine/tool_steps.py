@@ -157,6 +157,9 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
 
 def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition) -> ApprovalRequest:
     risk, note = tool_risk(tool)
+    violated = [c["prohibition"] for c in step.checks or [] if c.get("violated")]
+    if violated:  # the reviewer sees the verdicts next to the arguments (approval page)
+        risk, note = "high", "The prohibitions check says this call may violate: " + "; ".join(violated)
     preview = ""
     if tool.name == "write_file":
         try:

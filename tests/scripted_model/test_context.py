@@ -99,3 +99,27 @@ def test_compaction_summary_position_carries_the_script_on(small: OpenAI) -> Non
     assert third.tool_calls and third.tool_calls[0].function.name == "list_files"
     messages += [assistant_turn(third), tool_result(third.tool_calls[0].id, "x")]
     assert ask(small, messages).choices[0].message.content == "done"
+
+
+def test_verification_prompt_gets_deterministic_verdicts(windowed: ScriptedModelServer, small: OpenAI) -> None:
+    from scripted_model.planner import VERIFICATION_MARKER
+
+    messages = [{"role": "system", "content": f"{VERIFICATION_MARKER} Judge."},
+                {"role": "user", "content": "Acceptance criteria:\n1. Names the `alpha` release.\n2. Is polite\n\n"
+                                            "The turn's result:\nWe shipped ALPHA."}]
+    after = windowed.request_log.last_seq
+    answer = json.loads(ask(small, messages).choices[0].message.content or "")
+    assert answer == {"verdicts": [
+        {"criterion": "Names the `alpha` release.", "met": True, "evidence": "'alpha' appears in the result"},
+        {"criterion": "Is polite", "met": False, "evidence": "'Is polite' does not appear in the result"}]}
+    assert [e.purpose for e in windowed.logged_requests(after=after)] == ["verification"]
+
+
+def test_prohibitions_prompt_gets_deterministic_checks(small: OpenAI) -> None:
+    from scripted_model.planner import PROHIBITIONS_MARKER
+
+    messages = [{"role": "system", "content": f"{PROHIBITIONS_MARKER} Check."},
+                {"role": "user", "content": "Prohibitions:\n1. Never touch `prod.db`.\n\nProposed calls:\n"
+                                            '- c1: write_file({"path": "prod.db"})\n- c2: list_files({})'}]
+    answer = json.loads(ask(small, messages).choices[0].message.content or "")
+    assert [(c["call_id"], c["violated"]) for c in answer["checks"]] == [("c1", True), ("c2", False)]

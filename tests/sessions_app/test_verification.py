@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
+from approvals_app.models import ApprovalRequest
 from scripted_model.server import ScriptedModelServer
 from sessions_app.engine.commands import session_start
 from sessions_app.engine.gateway import turn_drive_once
@@ -132,3 +133,86 @@ def test_verification_with_real_workers_after_tools(
     assert turn.status == "completed" and turn.output_text == "found alpha and beta" and not turn.criteria_unmet
     assert Step.objects.filter(turn=turn, kind="verification", status="completed").count() == 2
     assert_gap_free(session.id)
+
+
+# --- prohibitions: checked before a reviewer is asked -----------------------------------------
+
+PROHIBITIONS = ["Never touch `prod.db`.", "Do not use `curl`."]
+
+
+def test_prohibitions_checked_before_a_mutating_call_goes_to_the_reviewer(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, reviewer: User) -> None:
+    session = session_create(agent=engine_agent, owner=owner, title="prohibitions",
+                             pinned={"prohibitions": PROHIBITIONS})
+    after = scripted_model.request_log.last_seq
+    turn = turn_create(session_id=session.id, actor=owner, input="\n".join([
+        "parallel", tool("write_file", path="prod.db", content="x"), tool("write_file", path="notes.txt", content="y"),
+        "end", "say done"]))
+    _run(turn.id)
+    sent = scripted_model.logged_requests(after=after)
+    assert [e.purpose for e in sent] == ["chat", "prohibitions"]
+    bad, good = Step.objects.filter(turn=turn, kind="tool").order_by("index")
+    assert bad.status == good.status == "awaiting_approval"
+    assert bad.checks == [
+        {"prohibition": PROHIBITIONS[0], "violated": True, "evidence": "'prod.db' appears in the call"},
+        {"prohibition": PROHIBITIONS[1], "violated": False, "evidence": "'curl' does not appear in the call"}]
+    assert good.checks is not None and not any(c["violated"] for c in good.checks)
+    bad_request = ApprovalRequest.objects.get(step=bad)
+    good_request = ApprovalRequest.objects.get(step=good)
+    assert bad_request.risk == "high" and PROHIBITIONS[0] in bad_request.risk_note
+    assert PROHIBITIONS[0] not in good_request.risk_note
+    page = login(reviewer).get(f"/approvals/{bad_request.request_id}/").content.decode()
+    assert 'id="prohibition-checks"' in page and "✗ may violate: Never touch `prod.db`." in page
+    assert "✓ respects: Do not use `curl`." in page
+    # The check's tokens are counted in the session's usage.
+    session.refresh_from_db()
+    model_step = Step.objects.get(turn=turn, kind="model")
+    assert session.prompt_tokens == model_step.prompt_tokens + sent[1].prompt_tokens
+
+
+def test_prohibitions_not_checked_for_read_only_calls(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    session = session_create(agent=engine_agent, owner=owner, title="read only",
+                             pinned={"prohibitions": PROHIBITIONS})
+    after = scripted_model.request_log.last_seq
+    turn = turn_create(session_id=session.id, actor=owner, input=tool("list_files", path=".") + "\nsay ok")
+    _run(turn.id)
+    assert Turn.objects.get(pk=turn.pk).status == "completed"
+    assert [e.purpose for e in scripted_model.logged_requests(after=after)] == ["chat", "chat"]
+
+
+def test_verification_step_recovered_after_a_crash_and_recorded_once(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions_app.engine import llm
+    from sessions_app.engine.recovery import step_recover
+    from sessions_app.engine.tick import turn_tick
+    from sessions_app.engine.verification import verification_record_atomic
+
+    session = session_create(agent=engine_agent, owner=owner, title="crash", pinned={"acceptance_criteria": CRITERIA})
+    turn = turn_create(session_id=session.id, input="say alpha and beta", actor=owner)
+    # The answer is recorded; the tick claims the verification and that worker dies.
+    from sessions_app.engine.model_step import model_reply_record
+    model = turn_tick(turn.id, calls_models=True)
+    assert model is not None and model.step.kind == "model"
+    model_reply_record(step=model.step, reply=llm.ModelReply(content="alpha and beta"),
+                       message={"role": "assistant", "content": "alpha and beta"})
+    claimed = turn_tick(turn.id, calls_models=True)
+    assert claimed is not None and claimed.step.kind == "verification"
+    dead = claimed.step
+    Step.objects.filter(pk=dead.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert step_recover(dead.pk) is True
+    assert Step.objects.get(pk=dead.pk).status == "planned"
+    _run(turn.id)  # a fresh gateway re-runs it
+    turn = Turn.objects.get(pk=turn.pk)
+    assert turn.status == "completed" and turn.output_text == "alpha and beta" and turn.criteria_unmet is False
+    rerun = Step.objects.get(pk=dead.pk)
+    assert rerun.status == "completed" and rerun.attempts == 2
+    # The dead worker's late verdict changes nothing.
+    late = llm.ModelReply(content='{"verdicts": []}')
+    assert verification_record_atomic(dead, late) is False
+    assert Step.objects.get(pk=dead.pk).result == rerun.result
+    assert Event.objects.filter(step_id=dead.pk, type="turn.verified").count() == 1
