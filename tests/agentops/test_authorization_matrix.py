@@ -78,6 +78,13 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
      _row(401, 403, 404, 200, 404, 403, 200, 401)),
     ("api", "GET", "/api/sessions/{busy}/grants", None, READ_SAME),
     ("api", "POST", "/api/grants/{grant}/revoke", {}, _row(401, 403, 404, 200, 404, 200, 200, 401)),
+    ("api", "POST", "/api/sessions/{busy}/budget", {"max_tool_calls": None},
+     _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    ("api", "POST", "/api/sessions/{busy}/compact", {}, _row(401, 202, 404, 403, 403, 202, 202, 401)),
+    ("api", "PUT", "/api/sessions/{idle}/pinned", {"requirements": ["keep it short"]},
+     _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    # The turn is active: retrying it is the idempotent replay (200) for those allowed.
+    ("api", "POST", "/api/turns/{turn}/retry", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
     ("page", "GET", "/", None, PAGE_LIST),
     ("page", "GET", "/health-panel/", None, PAGE_LIST),
     ("page", "GET", "/sessions/", None, PAGE_LIST),
@@ -87,12 +94,24 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("page", "GET", "/sessions/{busy}/timeline/", None, PAGE_READ_SAME),
     ("page", "POST", "/sessions/{idle}/turns/", {"input": "next"}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "POST", "/sessions/{busy}/cancel/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "POST", "/sessions/{busy}/budget/", {"max_tool_calls": "1000"},
+     _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "POST", "/sessions/{busy}/compact/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "POST", "/sessions/{idle}/pinned/", {"requirements": "keep it short"},
+     _row(302, 302, 404, 403, 403, 302, 302, 302)),
+    ("page", "POST", "/sessions/{busy}/turns/{turn}/retry/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "GET", "/sessions/{busy}/artifacts/{artifact}/", None, PAGE_READ_SAME),
     ("page", "GET", "/approvals/", None, PAGE_LIST),
     ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),
     ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},
      _row(302, 403, 404, 302, 404, 403, 302, 302)),
     ("page", "POST", "/grants/{grant}/revoke/", {}, _row(302, 403, 404, 302, 404, 302, 302, 302)),
+    # The OpenAI Agents wire (/openai/v1): the same selectors; errors in the wire's envelope.
+    ("wire", "GET", "/openai/v1/agents", None, LIST),
+    ("wire", "GET", "/openai/v1/agents/sessions", None, LIST),
+    ("wire", "GET", "/openai/v1/agents/sessions/{busy}", None, READ_SAME),
+    ("wire", "GET", "/openai/v1/agents/sessions/{busy}/turns", None, READ_SAME),
+    ("wire", "GET", "/openai/v1/agents/sessions/{busy}/artifacts", None, READ_SAME),
     ("ws", "CONNECT", "/ws/sessions/{busy}/", None, _row(4401, 101, 4403, 101, 4403, 101, 101, 4401)),
     ("ws", "CONNECT", "/ws/approvals/", None, _row(4401, 101, 101, 101, 101, 101, 101, 4401)),
 ]
@@ -100,6 +119,8 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
 # Routes outside the matrix, and why: the admin, login/logout, health and the API docs are not
 # objects of a team (their own tests cover them).
 UNSCOPED_PAGES = {"admin/", "login/", "logout/", "healthz", "api/"}
+# The wire's routes are rows of kind "wire" above (a sample of its reads; tests/openai_api covers the rest).
+WIRE_PREFIX = "openai/v1/"
 
 CASES = [(kind, method, path, body, persona, expected[persona])
          for kind, method, path, body, expected in MATRIX for persona in PERSONAS]
@@ -166,7 +187,7 @@ def _http_client(world: World, kind: str, persona: str) -> Client:
         return Client()
     if persona == "revoked_token":
         return Client(headers={"Authorization": f"Bearer {world.revoked_token}"})
-    if kind == "api":
+    if kind in ("api", "wire"):
         return Client(headers={"Authorization": f"Bearer {world.tokens[persona]}"})
     client = Client()
     client.force_login(world.users[persona])  # type: ignore[arg-type]
@@ -188,9 +209,11 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
 
     patterns = get_resolver().url_patterns
     pages = {str(p.pattern) for p in patterns if isinstance(p, URLResolver | URLPattern)} - UNSCOPED_PAGES
+    assert WIRE_PREFIX in pages and any(kind == "wire" for kind, *_ in MATRIX)
+    pages.discard(WIRE_PREFIX)
     declared_pages = {path.lstrip("/").replace("{busy}", "<uuid:session_id>").replace("{idle}", "<uuid:session_id>")
                       .replace("{artifact}", "<uuid:artifact_id>").replace("{request}", "<uuid:request_id>")
-                      .replace("{grant}", "<int:grant_id>")
+                      .replace("{grant}", "<int:grant_id>").replace("{turn}", "<uuid:turn_id>")
                       for kind, _m, path, _b, _e in MATRIX if kind == "page"}
     assert pages == declared_pages, pages ^ declared_pages
     from agentops.routing import websocket_urlpatterns
@@ -218,6 +241,8 @@ def test_http_authorization(kind: str, method: str, path: str, body: dict[str, A
     data = {k: world.fill(v) if isinstance(v, str) else v for k, v in (body or {}).items()}
     if method == "GET":
         response = client.get(url)
+    elif method == "PUT":
+        response = client.put(url, json.dumps(data), content_type="application/json")
     elif kind == "api":
         response = client.post(url, json.dumps(data), content_type="application/json")
     else:

@@ -257,6 +257,7 @@ def test_approvals_answered_on_the_wire_follow_agentops_rules(wire_client: Clien
             "response": {"type": "mcp_tool_call", **response}}]})
 
     operator.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    factories.member(operator, "default", "both")  # a reviewer too: four-eyes, not the role, refuses
     own = answer(wire_client, decision="approve")
     assert own.status_code == 403 and own.json()["error"]["code"] == "self_approval_forbidden"
     reviewer_client = api_client(reviewer)

@@ -224,7 +224,7 @@ def test_session_page_constant_queries(operator: User, agent: AgentProfile, turn
     client.get(f"/sessions/{session.id}/")
     # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas,
     # notes (pinned edits, compaction requests), artifacts, grants
-    with django_assert_num_queries(11):
+    with django_assert_num_queries(12):
         response = client.get(f"/sessions/{session.id}/")
     assert response.status_code == 200
     body = response.content.decode()
