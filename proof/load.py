@@ -157,7 +157,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
 
 
 def run(full: bool = False) -> Result:
-    seconds_api, seconds_push = (60.0, 60.0) if full else (20.0, 20.0)
+    seconds_api, seconds_push = (60.0, 60.0) if full else (15.0, 15.0)
     url = database_url(os.environ.get("PROOF_LOAD_DATABASE", "agentops_proof_load"))
     result = Result("load")
     print(f"load ({'full' if full else 'short'} size)")

@@ -8,10 +8,11 @@ workspace is unchanged since the manifest taken before it started; otherwise the
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from agentops import dispatch
@@ -39,13 +40,27 @@ def sweep() -> dict[str, int]:
             "pk", flat=True):
         if step_recover(step_id):
             counts["steps_recovered"] += 1
-    # A tick lost between commit and enqueue (Redis down then): poke turns that went quiet.
-    quiet = now - timedelta(seconds=STALE_TURN_SECONDS)
-    for turn_id in Turn.objects.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING],
-                                       updated_at__lt=quiet).values_list("pk", flat=True):
+    for turn_id in turns_to_kick(now=now):
         dispatch.tick_enqueue(turn_id)
         counts["turns_kicked"] += 1
     return counts
+
+
+def turns_to_kick(*, now: datetime) -> list[uuid.UUID]:
+    """Turns whose next tick was lost (Redis down between a commit and its hand-off, a worker killed
+    holding the task) and that went quiet: queued or running ones, and waiting ones whose wait is
+    over: an approved call (a decision's tick lost) or nothing left waiting for a reviewer or a
+    client (a client tool's answer, a recovery decision). A tick is idempotent: a needless one does
+    nothing. Turns that really wait (a pending approval, a client tool unanswered) are left alone,
+    so thousands of waiting turns cost no tick each sweep."""
+    quiet = now - timedelta(seconds=STALE_TURN_SECONDS)
+    steps = Step.objects.filter(turn=OuterRef("pk"))
+    approved = steps.filter(status=Step.Status.APPROVED)
+    waiting = steps.filter(status__in=[Step.Status.AWAITING_APPROVAL, Step.Status.IN_DOUBT, Step.Status.RUNNING])
+    moving = Q(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
+    waited_out = Q(status__in=[Turn.Status.AWAITING_APPROVAL, Turn.Status.REQUIRES_ACTION]) & (
+        Exists(approved) | ~Exists(waiting))
+    return list(Turn.objects.filter(moving | waited_out, updated_at__lt=quiet).values_list("pk", flat=True))
 
 
 def step_recover(step_id: uuid.UUID | str) -> bool:
