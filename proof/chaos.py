@@ -475,6 +475,7 @@ def _verify(report: dict[str, Any], stack: Stack, counting: Counting, workspaces
         ["clients (WebSocket + SSE)", len(clients)],
         ["client reconnects / gaps asked again", f"{sum(c['reconnects'] for c in clients)} / "
                                                   f"{sum(c['gaps'] for c in clients)}"],
+        ["events a client got only from the final replay", sum(c.get("by_replay", 0) for c in clients)],
         ["push latency p50 / p99 (live events)", f"{percentile(latencies, 50):.0f} / {percentile(latencies, 99):.0f} ms"
          if latencies else "-"],
         *[[f"API retries: {k}", v] for k, v in sorted(report["api_errors"].items())],

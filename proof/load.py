@@ -148,6 +148,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     p99 = percentile(every, 99)
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
           f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
+          f"got only from the final replay {sum(c.get('by_replay', 0) for c in clients)}; "
           f"lost after replay {lost}; web process CPU {cpu * 100:.0f} % of one core")
     result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S)
     result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
