@@ -261,6 +261,10 @@ def run(full: bool = False) -> Result:
         drop_database(url)
         shutil.rmtree(workspaces, ignore_errors=True)
         shutil.rmtree(str(workspaces) + "-artifacts", ignore_errors=True)
+    if result.ok:
+        stack.remove_logs()
+    else:
+        print(f"  logs kept in {stack.logs}")
     print()
     print_verdicts(result)
     return result
