@@ -80,8 +80,7 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
         print("  errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(report["errors"].items())))
     result.check(f"API at {RATE:.0f} requests/s: 0 errors", f"{errors} errors of {report['sent']}", errors == 0)
     result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE)
-    result.check("API p99 reported (no target in the issue)", f"p50 {percentile(every, 50):.1f} ms, "
-                 f"p99 {percentile(every, 99):.1f} ms", True)
+    print(f"  latency (no target in the issue): p50 {percentile(every, 50):.1f} ms, p99 {percentile(every, 99):.1f} ms")
 
 
 def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
