@@ -32,6 +32,9 @@ class Client:
         self.ws: Any = None
         self.stopped = False
         self.last_message_at = time.time()
+        self.response: Any = None
+        self.replay_asked_at = 0.0
+        self.by_replay = 0  # events this client first got from the replay: it had missed them live
 
     @property
     def seqs(self) -> set[int]:
@@ -44,6 +47,8 @@ class Client:
         self.counts[seq] = self.counts.get(seq, 0) + 1
         if self.counts[seq] > 1:
             return None
+        if self.replay_asked_at and received >= self.replay_asked_at:
+            self.by_replay += 1
         ask = None
         if seq > self.last + 1:
             self.gaps += 1
@@ -90,6 +95,7 @@ class Client:
             try:
                 url = f"{base}/api/sessions/{self.session_id}/events/stream?after={self.last}"
                 async with http.get(url, timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as response:
+                    self.response = response
                     if response.status != 200:
                         raise ConnectionError(f"HTTP {response.status}")
                     live_after = time.time()
@@ -116,8 +122,13 @@ class Client:
                 backoff = min(backoff * 2, 2.0)
 
     async def replay(self) -> None:
+        """Ask for everything after the last seq: the WebSocket by ``resend``; an SSE client by
+        connecting again from its last id (what EventSource does when its stream breaks)."""
+        self.replay_asked_at = time.time()
         if self.kind == "ws" and self.ws is not None and not self.ws.closed:
             await self.ws.send_json({"type": "resend", "after": self.last, "until": self.last + 5000})
+        elif self.kind == "sse" and self.response is not None:
+            self.response.close()
 
 
 async def login(http: aiohttp.ClientSession, base: str, username: str, password: str) -> None:
@@ -168,6 +179,7 @@ async def main() -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
     report = {"clients": [{"session": c.session_id, "kind": c.kind, "seqs": sorted(c.seqs),
                            "duplicates": sum(n - 1 for n in c.counts.values()), "gaps": c.gaps,
+                           "by_replay": c.by_replay,
                            "reconnects": c.reconnects, "errors": sorted(set(c.errors))[:3]} for c in clients],
               "latencies_ms": [x for c in clients for x in c.latencies]}
     print(json.dumps(report), flush=True)

@@ -261,6 +261,10 @@ def run(full: bool = False) -> Result:
         drop_database(url)
         shutil.rmtree(workspaces, ignore_errors=True)
         shutil.rmtree(str(workspaces) + "-artifacts", ignore_errors=True)
+    if result.ok:
+        stack.remove_logs()
+    else:
+        print(f"  logs kept in {stack.logs}")
     print()
     print_verdicts(result)
     return result
@@ -475,6 +479,7 @@ def _verify(report: dict[str, Any], stack: Stack, counting: Counting, workspaces
         ["clients (WebSocket + SSE)", len(clients)],
         ["client reconnects / gaps asked again", f"{sum(c['reconnects'] for c in clients)} / "
                                                   f"{sum(c['gaps'] for c in clients)}"],
+        ["events a client got only from the final replay", sum(c.get("by_replay", 0) for c in clients)],
         ["push latency p50 / p99 (live events)", f"{percentile(latencies, 50):.0f} / {percentile(latencies, 99):.0f} ms"
          if latencies else "-"],
         *[[f"API retries: {k}", v] for k, v in sorted(report["api_errors"].items())],

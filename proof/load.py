@@ -52,9 +52,14 @@ PACE_MS = 1500
 
 def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
     print(f"API: {RATE:.0f} requests/s for {seconds:.0f} s from another process (open loop)", flush=True)
-    out = subprocess.run([PY, "-m", "proof._apiload", stack.url, tokens["operator"], tokens["reviewer"], "load",
-                          str(RATE), str(seconds)], capture_output=True, text=True, timeout=seconds + 180,
-                         cwd=Path(__file__).resolve().parent.parent)
+    try:
+        out = subprocess.run([PY, "-m", "proof._apiload", stack.url, tokens["operator"], tokens["reviewer"], "load",
+                              str(RATE), str(seconds)], capture_output=True, text=True, timeout=seconds + 180,
+                             cwd=Path(__file__).resolve().parent.parent)
+    except subprocess.TimeoutExpired:  # subprocess.run killed it
+        result.check(f"API at {RATE:.0f} requests/s: 0 errors", f"the requests were not all answered within "
+                     f"{seconds + 180:.0f} s", False)
+        return
     if out.returncode != 0:
         raise RuntimeError(f"the load generator failed:\n{out.stderr[-3000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -75,8 +80,7 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
         print("  errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(report["errors"].items())))
     result.check(f"API at {RATE:.0f} requests/s: 0 errors", f"{errors} errors of {report['sent']}", errors == 0)
     result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE)
-    result.check("API p99 reported (no target in the issue)", f"p50 {percentile(every, 50):.1f} ms, "
-                 f"p99 {percentile(every, 99):.1f} ms", True)
+    print(f"  latency (no target in the issue): p50 {percentile(every, 50):.1f} ms, p99 {percentile(every, 99):.1f} ms")
 
 
 def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
@@ -148,6 +152,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     p99 = percentile(every, 99)
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
           f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
+          f"got only from the final replay {sum(c.get('by_replay', 0) for c in clients)}; "
           f"lost after replay {lost}; web process CPU {cpu * 100:.0f} % of one core")
     result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S)
     result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
@@ -157,7 +162,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
 
 
 def run(full: bool = False) -> Result:
-    seconds_api, seconds_push = (60.0, 60.0) if full else (20.0, 20.0)
+    seconds_api, seconds_push = (60.0, 60.0) if full else (15.0, 15.0)
     url = database_url(os.environ.get("PROOF_LOAD_DATABASE", "agentops_proof_load"))
     result = Result("load")
     print(f"load ({'full' if full else 'short'} size)")
@@ -196,6 +201,10 @@ def run(full: bool = False) -> Result:
         drop_database(url)
         shutil.rmtree(workspaces, ignore_errors=True)
         shutil.rmtree(str(workspaces) + "-artifacts", ignore_errors=True)
+    if result.ok:
+        stack.remove_logs()
+    else:
+        print(f"  logs kept in {stack.logs}")
     print()
     print_verdicts(result)
     return result

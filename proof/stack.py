@@ -158,6 +158,12 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
 
+    def remove_logs(self) -> None:
+        """After a proof that passed: its logs are of no further use."""
+        import shutil
+
+        shutil.rmtree(self.logs, ignore_errors=True)
+
     def tail(self, name: str, chars: int = 2000) -> str:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""

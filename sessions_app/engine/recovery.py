@@ -57,14 +57,17 @@ def turns_quiet(*, now: datetime, limit: int) -> list[uuid.UUID]:
     flight (every blocking step settled), and no event in their session since. The quietest first.
 
     Such a turn lost its wake-up (a tick or a decision's wake-up sent while Redis was down). A turn
-    with a step in flight is left alone: the step's worker, reviewer or integration wakes it, and an
+    with a step in flight (and none approved) is left alone: the step's worker, reviewer or integration wakes it, and an
     expired lease or a client call past its timeout is the sweeper's other work.
     """
     quiet = now - timedelta(seconds=settings.AGENTOPS_KICK_QUIET_SECONDS)
     in_flight = Step.objects.filter(turn=OuterRef("pk"), status__in=IN_FLIGHT)
+    # An approved call runs even while another of the turn waits for its reviewer (the plan runs
+    # approved ones first): its lost wake-up counts too (found by the chaos proof).
+    approved = Step.objects.filter(turn=OuterRef("pk"), status=Step.Status.APPROVED)
     return list(Turn.objects.filter(status__in=Turn.ACTIVE, updated_at__lt=quiet)
                 .filter(Q(session__last_event_at__lt=quiet) | Q(session__last_event_at__isnull=True))
-                .filter(~Exists(in_flight)).order_by("session__last_event_at")
+                .filter(~Exists(in_flight) | Exists(approved)).order_by("session__last_event_at")
                 .values_list("pk", flat=True)[:limit])
 
 

@@ -107,3 +107,30 @@ def test_recover_leaves_a_live_lease_alone() -> None:
     Step.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=30))
     assert not recovery.step_recover(step.id)
     assert Step.objects.get(pk=step.pk).status == "running"
+
+
+def _turn_in(status: str, step_statuses: list[str], *, quiet_for: int = 60) -> Turn:
+    """A turn left in ``status`` with tool steps in ``step_statuses``, untouched for ``quiet_for`` s."""
+    turn = factories.turn(factories.session())
+    Turn.objects.filter(pk=turn.pk).update(status=status)
+    for status_ in step_statuses:
+        factories.step(turn, tool_name="run_command", status=status_)
+    Turn.objects.filter(pk=turn.pk).update(updated_at=timezone.now() - timedelta(seconds=quiet_for))
+    return turn
+
+
+def test_sweep_kicks_a_waiting_turn_whose_wait_is_over_and_leaves_real_waits_alone() -> None:
+    """An approval decided (or a client tool answered) whose next tick was lost (Redis restarted
+    between the commit and the hand-off, a worker killed holding it) left the turn waiting for
+    nobody: the sweeper only poked queued and running turns (found by the chaos proof)."""
+    approved = _turn_in(Turn.Status.AWAITING_APPROVAL, [Step.Status.COMPLETED, Step.Status.APPROVED])
+    answered = _turn_in(Turn.Status.REQUIRES_ACTION, [Step.Status.COMPLETED])
+    _turn_in(Turn.Status.AWAITING_APPROVAL, [Step.Status.AWAITING_APPROVAL])  # a reviewer's turn
+    # An approved call runs even while another waits for its reviewer (the plan runs approved ones first).
+    beside = _turn_in(Turn.Status.AWAITING_APPROVAL, [Step.Status.APPROVED, Step.Status.AWAITING_APPROVAL])
+    _turn_in(Turn.Status.REQUIRES_ACTION, [Step.Status.RUNNING])  # the client has not answered yet
+    _turn_in(Turn.Status.AWAITING_APPROVAL, [Step.Status.IN_DOUBT])  # a reviewer decides the recovery
+    _turn_in(Turn.Status.AWAITING_APPROVAL, [Step.Status.APPROVED], quiet_for=5)  # its tick may still come
+    kicked = recovery.turns_quiet(now=timezone.now(), limit=100)
+    assert sorted(kicked) == sorted([approved.id, answered.id, beside.id])
+    assert recovery.sweep()["turns_kicked"] == 3
