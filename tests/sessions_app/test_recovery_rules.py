@@ -115,7 +115,9 @@ def _turn_in(status: str, step_statuses: list[str], *, quiet_for: int = 60) -> T
     Turn.objects.filter(pk=turn.pk).update(status=status)
     for status_ in step_statuses:
         factories.step(turn, tool_name="run_command", status=status_)
-    Turn.objects.filter(pk=turn.pk).update(updated_at=timezone.now() - timedelta(seconds=quiet_for))
+    then = timezone.now() - timedelta(seconds=quiet_for)
+    Turn.objects.filter(pk=turn.pk).update(updated_at=then)
+    AgentSession.objects.filter(pk=turn.session_id).update(last_event_at=then)
     return turn
 
 
