@@ -7,18 +7,22 @@ param}}``; a 409 carries ``x-should-retry: false`` (the SDK retries 409 otherwis
 """
 
 import logging
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.core.signals import got_request_exception
 from django.db.models import Q, QuerySet
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from agentops import streamaccess
+from agentops.asyncdb import database_read
 from agentops.auth import BearerTokenAuth
 from agentops.domain import Conflict, DomainError, NotFound
 from agentops.http import AuthedRequest
-from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, require_perm
+from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm, require_perm
 from approvals_app import selectors as approval_selectors
 from approvals_app.services import approval_decide
 from openai_api import parse, wire
@@ -151,6 +155,19 @@ def _session_snapshot(session: AgentSession) -> dict[str, Any]:
                             error=(failed.error_message or failed.error_code) if failed else None)
 
 
+def _wire_stream(request: AuthedRequest, session_id: Any, after: int, stream: wire.WireStream) -> Any:
+    """The session's wire events, re-checking every AGENTOPS_STREAM_RECHECK_SECONDS that the
+    caller may still watch (``agentops/streamaccess.py``, as the other streams do)."""
+    credential = streamaccess.credential_of_request(request)
+
+    def may_watch(user: Any) -> bool:
+        return has_perm(user, VIEW_SESSIONS) and selectors.session_exists(session_id, user=user)
+
+    recheck = database_read(partial(streamaccess.still_allowed, credential, may_watch))
+    return wire_event_stream(session_id, after, stream, recheck=recheck,
+                             recheck_seconds=settings.AGENTOPS_STREAM_RECHECK_SECONDS)
+
+
 def _sse(stream: Any) -> StreamingHttpResponse:
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
@@ -179,7 +196,7 @@ def session_create_api(request: AuthedRequest) -> Any:
     if not spec.stream:
         return _session_snapshot(selectors.session_get(session.id, user=request.user))
     stream = wire.WireStream(snapshot=wire.session_out(selectors.session_get(session.id, user=request.user)))
-    return _sse(wire_event_stream(session.id, 0, stream))
+    return _sse(_wire_stream(request, session.id, 0, stream))
 
 
 @api.get("/agents/sessions")
@@ -244,7 +261,7 @@ def session_events_stream_api(request: AuthedRequest, session_id: str, after: in
     active = [t for t in selectors.turns_of_session(session.id) if t.is_active]
     stream = wire.WireStream(snapshot=snapshot, actions=snapshot["required_actions"], turns=active,
                              client_steps={str(s.id): s.call_id for s in waiting})
-    return _sse(wire_event_stream(session.id, start, stream))
+    return _sse(_wire_stream(request, session.id, start, stream))
 
 
 @api.post("/agents/sessions/{session_id}/events")

@@ -12,7 +12,7 @@ from contextlib import aclosing
 from uuid import UUID
 
 from openai_api.wire import WireStream
-from sessions_app.streams import StreamEnd, session_events
+from sessions_app.streams import Recheck, StreamEnd, session_events
 
 
 def data_frame(event: dict[str, object]) -> str:
@@ -20,9 +20,13 @@ def data_frame(event: dict[str, object]) -> str:
 
 
 async def wire_event_stream(session_id: UUID, after: int, stream: WireStream, *,
-                            max_seconds: float | None = None) -> AsyncGenerator[str, None]:
-    """The session's events after seq ``after``, translated by ``stream``, then live ones."""
-    async with aclosing(session_events(session_id, after, max_seconds=max_seconds)) as events:
+                            max_seconds: float | None = None, recheck: Recheck | None = None,
+                            recheck_seconds: float = 30.0) -> AsyncGenerator[str, None]:
+    """The session's events after seq ``after``, translated by ``stream``, then live ones; ends when
+    ``recheck()`` says the client may no longer watch (a revoked token, a removed membership).
+    The wire has no reconnect event, so no maximum life: the SDK's stream ends with its session."""
+    async with aclosing(session_events(session_id, after, max_seconds=max_seconds, recheck=recheck,
+                                       recheck_seconds=recheck_seconds)) as events:
         async for event in events:
             if event is None:
                 yield ": ok\n\n"

@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission
 from openai import OpenAI
 from openai.lib.beta.agents import function_tool
 
+from agentops.models import TeamMembership, TeamRole
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import AgentSession, Event, Turn
 from tests.e2e.conftest import ROOT, Stack, World
@@ -154,6 +155,7 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     # An approval answered through the SDK: the session's owner may not, even holding the reviewer
     # permission (four-eyes); another reviewer may.
     world.operator.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    TeamMembership.objects.filter(user=world.operator).update(role=TeamRole.BOTH)  # a reviewer in the team too
     reviewer_sdk = _client(stack, api_token(world.reviewer))
     seen: list[Any] = []
 

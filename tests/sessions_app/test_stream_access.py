@@ -156,3 +156,29 @@ def test_sse_connections_are_rate_limited(settings: Any) -> None:
     assert client.get(path).status_code == 200
     refused = client.get(path)
     assert refused.status_code == 429 and refused.json()["code"] == "throttled"
+
+
+def test_revoking_the_token_ends_the_openai_wire_event_stream() -> None:
+    """The /openai/v1 event stream re-checks access like the other streams (it has no max life:
+    the wire has no reconnect event)."""
+    operator = factories.user(groups=["operators"])
+    session = factories.session(owner=operator)
+    token = api_token(operator)
+
+    async def read() -> str:
+        response = await AsyncClient().get(f"/openai/v1/agents/sessions/{session.id}/events",
+                                           headers={"Authorization": f"Bearer {token}", "OpenAI-Beta": "agents=v1"})
+        assert response.status_code == 200
+        raw = ""
+        async for chunk in response.streaming_content:  # type: ignore[attr-defined]
+            if not raw:  # the first bytes (": ok") are out: now revoke
+                await database_sync_to_async(ApiToken.objects.all().update)(revoked_at=timezone.now())
+            raw += chunk.decode()
+        return raw
+
+    async def bounded() -> str:
+        return await asyncio.wait_for(read(), 10)
+
+    started = time.monotonic()
+    assert async_to_sync(bounded)().startswith(": ok")
+    assert time.monotonic() - started < 5
