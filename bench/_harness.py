@@ -80,14 +80,30 @@ def bench_agent(slug: str, model_url: str) -> tuple[Any, Any]:
     from tools_app.services import tool_definitions_seed
 
     tool_definitions_seed()
+    team = bench_team()
     profile, _ = AgentProfile.objects.update_or_create(
         slug=slug,
-        defaults={"name": slug.replace("-", " "), "model": "scripted", "base_url": model_url,
+        defaults={"team": team, "name": slug.replace("-", " "), "model": "scripted", "base_url": model_url,
                   "instructions": "You are a benchmark agent.", "max_tool_calls": None, "max_model_calls": None,
                   "max_tokens": None, "max_wall_seconds": None, "enabled": True})
     profile.tools.set(ToolDefinition.objects.all())
     owner, _ = User.objects.get_or_create(username="bench-owner")
+    bench_member(owner, "both")
     return profile, owner
+
+
+def bench_team() -> Any:
+    """The team every benchmark agent and session belongs to."""
+    from agentops.models import Team
+
+    return Team.objects.get_or_create(slug="bench", defaults={"name": "Benchmarks"})[0]
+
+
+def bench_member(user: Any, role: str) -> None:
+    """Make ``user`` a member of the benchmarks' team with ``role`` (operator, reviewer, both)."""
+    from agentops.models import TeamMembership
+
+    TeamMembership.objects.update_or_create(team=bench_team(), user=user, defaults={"role": role})
 
 
 def start_model() -> tuple[Any, str]:

@@ -30,6 +30,7 @@ from _harness import (  # noqa: E402
     Listener,
     Worker,
     bench_agent,
+    bench_member,
     cleanup_workspaces,
     configure,
     pct,
@@ -50,6 +51,7 @@ def _setup(model_url: str) -> tuple[Any, Any, Any]:
     profile, owner = bench_agent("bench-approval-latency", model_url)
     reviewer, _ = User.objects.get_or_create(username="bench-reviewer")
     reviewer.groups.add(Group.objects.get(name="reviewers"))
+    bench_member(reviewer, "reviewer")
     reviewer = User.objects.get(pk=reviewer.pk)  # drop the permission cache
     return profile, owner, reviewer
 
