@@ -5,6 +5,7 @@ Plain function views: parse, call one service or selector, build the view models
 same partials, the sidebar included: the page never polls.
 """
 
+from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import urlencode
 from uuid import UUID
@@ -117,6 +118,18 @@ def _session_to_operate(request: AuthedRequest, session_id: UUID) -> AgentSessio
         raise DjangoPermissionDenied(exc.message) from exc
 
 
+def _act(request: HtmxHttpRequest, session_id: UUID, action: Callable[[], object], *, success: str) -> HttpResponse:
+    """Run an operator's action on the session: its refusal (a DomainError) or ``success`` as a
+    flash message, then back to the session's page."""
+    try:
+        action()
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, success)
+    return _back_to_session(request, session_id)
+
+
 def _timeline(session: AgentSession, *, before: int | None = None) -> tuple[list[presenters.TurnView], int | None]:
     """The last turns of the session (before turn index ``before``) with their steps, and the index
     to page back from (None when these are the first turns). Five queries whatever their size."""
@@ -189,13 +202,8 @@ def turn_submit_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     _session_to_operate(request, session_id)
-    try:
-        session_cancel(session_id=session_id, actor=request.user)
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, "The running turn was cancelled.")
-    return _back_to_session(request, session_id)
+    return _act(request, session_id, lambda: session_cancel(session_id=session_id, actor=request.user),
+                success="The running turn was cancelled.")
 
 
 @require_POST
@@ -203,16 +211,14 @@ def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def turn_retry_view(request: HtmxHttpRequest, session_id: UUID, turn_id: UUID) -> HttpResponse:
     _session_to_operate(request, session_id)
-    try:
+
+    def retry() -> None:
         turn = selectors.turn_get(turn_id, user=request.user)
         if turn.session_id != session_id:
             raise NotFound(f"No turn {turn_id} in this session")
         turn_retry(turn_id=turn.id, actor=request.user)
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, "The turn runs again.")
-    return _back_to_session(request, session_id)
+
+    return _act(request, session_id, retry, success="The turn runs again.")
 
 
 @require_POST
@@ -234,13 +240,9 @@ def session_budget_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
     if not form.is_valid():
         messages.error(request, "Budgets are whole numbers, 0 or more.")
         return _back_to_session(request, session_id)
-    try:
-        session_budget_raise(session_id=session_id, actor=request.user, budget=form.budget())
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, "Budget updated.")
-    return _back_to_session(request, session_id)
+    return _act(request, session_id,
+                lambda: session_budget_raise(session_id=session_id, actor=request.user, budget=form.budget()),
+                success="Budget updated.")
 
 
 @require_POST
@@ -252,13 +254,9 @@ def session_pinned_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
     if not form.is_valid():
         messages.error(request, "The pinned context could not be read.")
         return _back_to_session(request, session_id)
-    try:
-        session_pinned_update(session_id=session.id, actor=request.user, pinned=form.pinned())
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, "Pinned context saved: the next model call sends it.")
-    return _back_to_session(request, session_id)
+    return _act(request, session_id,
+                lambda: session_pinned_update(session_id=session.id, actor=request.user, pinned=form.pinned()),
+                success="Pinned context saved: the next model call sends it.")
 
 
 @require_GET
