@@ -2,6 +2,10 @@
 
 Every status write goes through ``_move``, the guarded transition (locked row, ``TRANSITIONS``
 checked). A decision wakes the engine after commit through ``agentops.dispatch``.
+
+Its length (~480 lines) is one concern: the request's state machine and the grants that stand in
+for a decision share ``_move``, the hash binding and the four-eyes rules; split off, each half
+would import the other's private checks.
 """
 
 import fnmatch

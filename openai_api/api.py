@@ -4,6 +4,10 @@ An interface like ``sessions_app.api``: each endpoint parses the wire request (`
 checks the permission, calls agentops's services and selectors, and shapes the answer with
 ``openai_api.wire``. Errors leave in the wire's envelope ``{"error": {message, type, code,
 param}}``; a 409 carries ``x-should-retry: false`` (the SDK retries 409 otherwise).
+
+One module for the wire's routes (~530 lines), on purpose: django-ninja matches them in the order
+they are declared (``/agents/sessions`` before ``/agents/{agent_id}``), which one file keeps
+visible; the mapping and parsing live in ``wire`` and ``parse``.
 """
 
 import logging
@@ -27,7 +31,7 @@ from approvals_app import selectors as approval_selectors
 from approvals_app.services import approval_decide
 from openai_api import parse, wire
 from openai_api.streams import wire_event_stream
-from sessions_app import selectors, services
+from sessions_app import agent_profiles, selectors, services
 from sessions_app.downloads import artifact_response
 from sessions_app.engine import commands as engine
 from sessions_app.models import AgentSession, Artifact
@@ -186,7 +190,7 @@ def session_create_api(request: AuthedRequest) -> Any:
         assert spec.agent is not None
         require_perm(request.user, ADD_AGENTS)
         team_id = selectors.team_for_new_agent(user=request.user, team=(spec.metadata or {}).get("agentops_team"))
-        agent = services.agent_profile_create(team_id=team_id, name=spec.agent.name or "session agent",
+        agent = agent_profiles.agent_profile_create(team_id=team_id, name=spec.agent.name or "session agent",
                                               model=spec.agent.model,
                                               instructions=spec.agent.instructions,
                                               functions=_functions(spec.agent.tools))
@@ -496,7 +500,7 @@ def agent_create_api(request: AuthedRequest) -> dict[str, Any]:
     require_perm(request.user, ADD_AGENTS)
     spec = parse.agent_create(parse.body(request))
     team_id = selectors.team_for_new_agent(user=request.user, team=(spec.metadata or {}).get("agentops_team"))
-    agent = services.agent_profile_create(team_id=team_id, name=spec.name or "agent", model=spec.model,
+    agent = agent_profiles.agent_profile_create(team_id=team_id, name=spec.name or "agent", model=spec.model,
                                           instructions=spec.instructions, metadata=spec.metadata,
                                           functions=_functions(spec.tools))
     return wire.agent_out(selectors.agent_get_enabled(agent.slug, user=request.user))
@@ -523,7 +527,7 @@ def agent_update_api(request: AuthedRequest, agent_id: str) -> dict[str, Any]:
     require_perm(request.user, CHANGE_AGENTS)
     agent = selectors.agent_get_enabled(agent_id, user=request.user)
     spec = parse.agent_update(parse.body(request))
-    services.agent_profile_update(agent_id=agent.pk, functions=_functions(spec.tools) if spec.tools is not None
+    agent_profiles.agent_profile_update(agent_id=agent.pk, functions=_functions(spec.tools) if spec.tools is not None
                                   else None, **spec.fields)
     return wire.agent_out(selectors.agent_get_enabled(agent.slug, user=request.user))
 
@@ -532,5 +536,5 @@ def agent_update_api(request: AuthedRequest, agent_id: str) -> dict[str, Any]:
 def agent_delete_api(request: AuthedRequest, agent_id: str) -> dict[str, Any]:
     require_perm(request.user, DELETE_AGENTS)
     agent = selectors.agent_get_enabled(agent_id, user=request.user)
-    services.agent_profile_retire(agent_id=agent.pk)
+    agent_profiles.agent_profile_retire(agent_id=agent.pk)
     return wire.deleted(agent.slug, "agent")

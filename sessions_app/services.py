@@ -4,13 +4,16 @@ A transition locks the session row (the one lock order, ``sessions_app.locks``),
 when the row is already in the target status, refuses an illegal move with ``InvalidTransition``
 (409) and records its event in the same transaction. Claims are transitions too: a conditional
 update that only one caller wins, checked against the step's ``TRANSITIONS`` first.
+
+Kept together (~500 lines) because every writer here takes the one lock order and the guarded
+transition; the integrations' agent profiles live apart in ``sessions_app.agent_profiles``.
 """
 
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +30,6 @@ from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
-from tools_app.models import ToolDefinition
-from tools_app.services import tool_definition_client_ensure
 
 M = TypeVar("M", AgentSession, Turn, Step)
 TURN_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED)
@@ -468,7 +469,7 @@ def artifact_delete(*, artifact_id: uuid.UUID | str, session_id: uuid.UUID | str
             transaction.on_commit(lambda: path.unlink(missing_ok=True))
 
 
-# --- agent profiles (the integrations' agents) ---------------------------------------------
+# --- the integrations: session quota, metadata, deletion -----------------------------------------
 
 class TooManyActiveSessions(DomainError):
     """Too many of your sessions are working at once; wait for one to finish."""
@@ -487,58 +488,6 @@ def session_quota_check(*, owner: User) -> None:
         status__in=(AgentSession.Status.IDLE, AgentSession.Status.FAILED)).count()
     if active >= limit:
         raise TooManyActiveSessions(details={"limit": limit, "active": active})
-
-
-def _function_tools(functions: Sequence[Mapping[str, Any]]) -> list[ToolDefinition]:
-    """The tools of an integration's function declarations (``name``, ``description``,
-    ``parameters``): agentops's built-in of that name, else a client tool (``tools_app``)."""
-    return [tool_definition_client_ensure(name=f["name"], description=f.get("description", ""),
-                                          parameters_schema=f["parameters"]) for f in functions]
-
-
-@transaction.atomic
-def agent_profile_create(*, team_id: int, name: str, model: str, instructions: str = "",
-                         metadata: Mapping[str, str] | None = None,
-                         functions: Sequence[Mapping[str, Any]] | None = None, base_url: str = "") -> AgentProfile:
-    """A new enabled agent profile of the team with an opaque slug (``agent_<hex>``) and the tools
-    of ``functions``, in one transaction (a refused tool leaves nothing behind)."""
-    tools = _function_tools(functions or [])
-    agent = AgentProfile.objects.create(team_id=team_id, name=name[:120] or "agent",
-                                        slug=f"agent_{uuid.uuid4().hex[:24]}", model=model,
-                                        instructions=instructions, metadata=dict(metadata or {}), base_url=base_url)
-    if tools:
-        agent.tools.set(tools)
-    return agent
-
-
-@transaction.atomic
-def agent_profile_update(*, agent_id: int, functions: Sequence[Mapping[str, Any]] | None = None,
-                         **fields: Any) -> AgentProfile:
-    """Change an agent profile's name, model, instructions or metadata, and replace its tools with
-    those of ``functions`` when given. Sessions started later use the new settings."""
-    tools = _function_tools(functions) if functions is not None else None
-    allowed = {"name", "model", "instructions", "metadata"}
-    unknown = set(fields) - allowed
-    if unknown:
-        raise InvalidArguments(f"Unknown agent fields: {sorted(unknown)}")
-    agent = AgentProfile.objects.select_for_update().get(pk=agent_id)
-    for name, value in fields.items():
-        setattr(agent, name, value)
-    agent.save(update_fields=[*fields, "updated_at"])
-    if tools is not None:
-        agent.tools.set(tools)
-    return agent
-
-
-@transaction.atomic
-def agent_profile_retire(*, agent_id: int) -> None:
-    """Delete an agent profile; one that sessions still name is disabled instead (their history
-    keeps it), so no new session can start from it."""
-    agent = AgentProfile.objects.select_for_update().get(pk=agent_id)
-    if agent.sessions.exists():
-        AgentProfile.objects.filter(pk=agent.pk).update(enabled=False, updated_at=timezone.now())
-    else:
-        agent.delete()
 
 
 @transaction.atomic
