@@ -47,6 +47,9 @@ def django_setup(url: str) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "agentops.settings"
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("LOG_LEVEL", "WARNING")
+    # A local proof on throwaway databases: the development secret key is fine (and the stack's
+    # processes inherit this environment).
+    os.environ.setdefault("AGENTOPS_DEMO", "1")
     import django
 
     django.setup()
