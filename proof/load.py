@@ -39,6 +39,7 @@ from proof._common import (
     print_table,
     print_verdicts,
     recreate_database,
+    timing_asserted,
 )
 from proof.stack import PY, Stack, start_watchers
 from proof.world import world_setup
@@ -79,7 +80,8 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
     if errors:
         print("  errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(report["errors"].items())))
     result.check(f"API at {RATE:.0f} requests/s: 0 errors", f"{errors} errors of {report['sent']}", errors == 0)
-    result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE)
+    result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE,
+                 timing=True)
     print(f"  latency (no target in the issue): p50 {percentile(every, 50):.1f} ms, p99 {percentile(every, 99):.1f} ms")
 
 
@@ -154,17 +156,20 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
           f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
           f"got only from the final replay {sum(c.get('by_replay', 0) for c in clients)}; "
           f"lost after replay {lost}; web process CPU {cpu * 100:.0f} % of one core")
-    result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S)
+    result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S,
+                 timing=True)
     result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
                  f"p50 {percentile(every, 50):.1f} ms, p99 {p99:.1f} ms ({p99 / TARGET_PUSH_P99_MS:.2f}x the target)",
-                 p99 <= TARGET_PUSH_P99_MS)
+                 p99 <= TARGET_PUSH_P99_MS, timing=True)
     result.check("0 events lost after replay", f"{lost} across {len(clients)} clients", lost == 0 and bool(clients))
+    duplicates = sum(c["duplicates"] for c in clients)
+    result.check("0 duplicate deliveries", f"{duplicates} across {len(clients)} clients", duplicates == 0)
 
 
 def run(full: bool = False) -> Result:
     seconds_api, seconds_push = (60.0, 60.0) if full else (15.0, 15.0)
     url = database_url(os.environ.get("PROOF_LOAD_DATABASE", "agentops_proof_load"))
-    result = Result("load")
+    result = Result("load", strict_timing=timing_asserted(full))
     print(f"load ({'full' if full else 'short'} size)")
     print(f"  machine    {machine()}")
     print(f"  database   {url} (created for this proof, dropped at the end)")
