@@ -164,7 +164,7 @@ def run(full: bool = False, keep: bool = False, reuse: bool = False) -> Result:
             written = scale_data.generate(size)
             took = time.perf_counter() - start
             print("  generated  " + ", ".join(f"{v:,} {k}" for k, v in written.items()) + f" in {took:.1f} s")
-        runs = 60 if full else 30
+        runs = 60 if full else 15
         print(f"  method     Django's full stack in process (test client); {runs} rounds, each requesting every "
               "view once, after 3 warm-ups; p95 nearest-rank")
         client, api_headers = clients()
