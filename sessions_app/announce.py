@@ -116,7 +116,7 @@ async def _listened(groups: set[str]) -> set[str]:
         by_host: dict[int, list[str]] = {}
         for group in groups:
             by_host.setdefault(layer.consistent_hash(group), []).append(group)
-        listened = set()
+        listened: set[str] = set()
         for index, names in by_host.items():
             pipe = layer.connection(index).pipeline(transaction=False)
             for group in names:
