@@ -119,9 +119,10 @@ async def test_a_batch_of_live_events_is_forwarded_one_by_one_in_order_without_d
     await comm.connect()
     await comm.send_json_to({"type": "hello", "last_seq": 3})
     # One announcement carrying seq 3 (already sent: dropped), 4 and 5 (neither in the database).
-    items = [{"html": f"<template data-op=n{seq}></template>",
-              "event": {"seq": seq, "type": "tool.progress", "session_id": str(session.id), "payload": {}}}
-             for seq in (3, 4, 5)]
+    items: list[dict[str, Any]] = [{"html": f"<template data-op=n{seq}></template>",
+                                    "event": {"seq": seq, "type": "tool.progress", "session_id": str(session.id),
+                                              "payload": {}}}
+                                   for seq in (3, 4, 5)]
     await get_channel_layer().group_send(f"session.{session.id}", {"type": "event.batch", "items": items})
     got = await receive_events(comm, 2)
     assert got == [{"type": "event", **item} for item in items[1:]]

@@ -1,5 +1,6 @@
 import uuid
 from functools import partial
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -96,8 +97,12 @@ def test_an_announcement_sends_one_message_per_listened_group_and_renders_for_no
     events = [{"seq": n + 1, "type": "note.added", "session_id": str(s), "payload": {"n": n}}
               for n, s in enumerate([watched, unwatched, watched, single, watched])]
     rendered: list[int] = []
-    monkeypatch.setattr(announce, "fragments_renderer",
-                        lambda evs: [rendered.append(e["payload"]["n"]) or f"<p>{e['payload']['n']}</p>" for e in evs])
+
+    def render(evs: list[dict[str, Any]]) -> list[str]:
+        rendered.extend(e["payload"]["n"] for e in evs)
+        return [f"<p>{e['payload']['n']}</p>" for e in evs]
+
+    monkeypatch.setattr(announce, "fragments_renderer", render)
     layer = get_channel_layer()
     channels = {s: async_to_sync(layer.new_channel)() for s in (watched, single)}
     for session_id, channel in channels.items():
