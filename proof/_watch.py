@@ -26,6 +26,7 @@ class Client:
         self.counts: dict[int, int] = {}  # seq → times received (the client keeps the first)
         self.last = 0
         self.latencies: list[float] = []
+        self.split: list[tuple[float, float]] = []  # (created → announced, announced → received) ms
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -40,7 +41,8 @@ class Client:
     def seqs(self) -> set[int]:
         return set(self.counts)
 
-    def receive(self, event: dict[str, Any], live_after: float) -> dict[str, Any] | None:
+    def receive(self, event: dict[str, Any], live_after: float, announced_at: float | None = None
+                ) -> dict[str, Any] | None:
         """Take one event; returns a resend request when it shows a gap."""
         received = self.last_message_at = time.time()
         seq = int(event.get("seq", 0))
@@ -57,6 +59,8 @@ class Client:
         created = datetime.fromisoformat(str(event["created_at"])).timestamp()
         if created > live_after:
             self.latencies.append((received - created) * 1000)
+            if announced_at is not None:  # the sender's share, and the server's and client's
+                self.split.append(((announced_at - created) * 1000, (received - announced_at) * 1000))
         return ask
 
     async def run_ws(self, http: aiohttp.ClientSession, base: str) -> None:
@@ -74,7 +78,7 @@ class Client:
                             break
                         data = json.loads(message.data)
                         if data.get("type") == "event":
-                            ask = self.receive(data["event"], live_after)
+                            ask = self.receive(data["event"], live_after, data.get("announced_at"))
                             if ask is not None:
                                 await ws.send_json(ask)
                     self.ws = None
@@ -181,7 +185,8 @@ async def main() -> None:
                            "duplicates": sum(n - 1 for n in c.counts.values()), "gaps": c.gaps,
                            "by_replay": c.by_replay,
                            "reconnects": c.reconnects, "errors": sorted(set(c.errors))[:3]} for c in clients],
-              "latencies_ms": [x for c in clients for x in c.latencies]}
+              "latencies_ms": [x for c in clients for x in c.latencies],
+              "split_ms": [x for c in clients for x in c.split]}
     print(json.dumps(report), flush=True)
 
 

@@ -155,6 +155,12 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     rows = [[kind, len(xs), f"{percentile(xs, 50):.1f}", f"{percentile(xs, 99):.1f}", f"{max(xs):.1f}"]
             for kind, xs in latencies.items() if xs]
     print_table(["clients", "deliveries", "p50 ms", "p99 ms", "max ms"], rows)
+    split = reports[0].get("split_ms", [])
+    if split:  # where the time goes: the sender (commit → announced) and the rest (server, client)
+        sender, rest = [a for a, _ in split], [b for _, b in split]
+        print(f"  WebSocket split: commit → announced by the writer p50 {percentile(sender, 50):.1f} / p99 "
+              f"{percentile(sender, 99):.1f} ms; announced → received p50 {percentile(rest, 50):.1f} / p99 "
+              f"{percentile(rest, 99):.1f} ms")
     every = latencies["ws"] + latencies["sse"]
     p99 = percentile(every, 99)
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "

@@ -63,6 +63,10 @@ async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    now = time.time()
+    for _, message in messages:  # when it left (clients can tell the sender's delay from the rest)
+        for item in unbatch(message):
+            item["announced_at"] = now
     await asyncio.gather(*(layer.group_send(group, message) for group, message in messages))
 
 

@@ -103,6 +103,8 @@ class SessionConsumer(JsonConsumer):
         if self.feed is None:
             return
         live = {"type": "event", "event": message["event"], "html": message.get("html", "")}
+        if "announced_at" in message:  # the sender's clock when it sent it (a measure, never a state)
+            live["announced_at"] = message["announced_at"]
         async for out in self.feed.live(live):
             await self.send_json(out)
 

@@ -116,6 +116,7 @@ def test_an_announcement_sends_one_message_per_listened_group_and_renders_for_no
         one = async_to_sync(layer.receive)(channels[single])
         assert (one["type"], one["event"]["payload"], announce.unbatch(one)) == ("event.message", {"n": 3}, [one])
         assert rendered == [0, 2, 3, 4]  # the unwatched session's event: neither rendered nor sent
+        assert all(isinstance(i["announced_at"], float) for i in [*announce.unbatch(batch), one])
     finally:
         for session_id, channel in channels.items():
             async_to_sync(layer.group_discard)(announce.session_group(session_id), channel)
