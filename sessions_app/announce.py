@@ -5,9 +5,10 @@ the write.
 renders the dashboard fragments (in bulk when events queue up) and sends them, in commit order,
 through one persistent event loop: ``async_to_sync(group_send)`` would build a loop and a Redis
 connection per call (≈ 4 ms), and rendering in the writer's thread put template work on every
-engine step. The channel layer is at-most-once anyway: clients re-read any gap in ``seq`` from
-the database, so an announcement lost to a full queue, a dead Redis or an exiting process costs
-nothing but a re-read.
+engine step. What queued up is sent as one message per group (``event.batch`` when a group has
+several events; consumers forward each), every group at once. The channel layer is at-most-once
+anyway: clients re-read any gap in ``seq`` from the database, so an announcement lost to a full
+queue, a dead Redis or an exiting process costs nothing but a re-read.
 """
 
 import asyncio
