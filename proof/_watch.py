@@ -6,8 +6,11 @@ dashboard does (``live.js``): ``hello`` with the last seq it has, then live even
 makes it ask for the missing range (``resend``), a dropped connection makes it connect again from
 its last seq. The line ``replay`` makes every client ask once more for everything after its last
 seq (what a client does when it comes back: the tail of a session has no later event to reveal a
-gap); ``stop`` (or the end of stdin) ends it. It prints one JSON report: per client what it
-received (each seq counted), push latency (event created → received, live events only).
+gap); ``expect <session id> <seq>`` says the session's last seq (the proof read it from the
+database once the work ended); ``stop`` (or the end of stdin) ends it, once every client of an
+expected session has that seq (a replay answered by a busy server takes seconds) or after 45 s.
+It prints one JSON report: per client what it received (each seq counted), push latency (event
+created → received, live events only).
 """
 
 import asyncio
@@ -151,6 +154,7 @@ async def main() -> None:
     ws_each, sse_each = int(sys.argv[4]), int(sys.argv[5])
     clients: list[Client] = []
     tasks: list[asyncio.Task[None]] = []
+    expected: dict[str, int] = {}  # session id → its last seq, once the proof knows it
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True),
                                      timeout=aiohttp.ClientTimeout(total=None),
                                      connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -162,10 +166,16 @@ async def main() -> None:
             line = (await reader.readline()).decode().strip()
             if not line or line == "stop":
                 # Drain: what is on its way (a replay, a backlog behind) arrives before the report.
-                deadline = time.time() + 60
-                while time.time() < deadline and any(time.time() - c.last_message_at < 2 for c in clients):
+                deadline = time.time() + 45  # the proofs wait 60 s for the report
+                while time.time() < deadline and (
+                        any(time.time() - c.last_message_at < 2 for c in clients)
+                        or any(c.last < expected.get(c.session_id, 0) for c in clients)):
                     await asyncio.sleep(0.5)
                 break
+            if line.startswith("expect "):
+                _, session_id, seq = line.split()
+                expected[session_id] = int(seq)
+                continue
             if line == "replay":
                 await asyncio.gather(*(c.replay() for c in clients))
                 continue

@@ -393,6 +393,13 @@ def _drive(stack: Stack, size: dict[str, int], operator: Api, reviewer: Api, cou
     time.sleep(2)
     watchers.stdin.write("replay\n")
     watchers.stdin.flush()
+    from django.db import close_old_connections
+
+    from sessions_app.models import AgentSession
+
+    close_old_connections()
+    for session_id, last in AgentSession.objects.filter(pk__in=list(sessions)).values_list("id", "last_seq"):
+        watchers.stdin.write(f"expect {session_id} {last}\n")  # the drain waits for the replays to land
     time.sleep(3)
     watchers.stdin.write("stop\n")
     watchers.stdin.flush()

@@ -134,6 +134,12 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
         assert proc.stdin is not None
         proc.stdin.write("replay\n")
         proc.stdin.flush()
+    close_old_connections()
+    expected = AgentSession.objects.filter(pk__in=ids).values_list("id", "last_seq")
+    for proc in (ws, sse):
+        assert proc.stdin is not None
+        proc.stdin.writelines(f"expect {sid} {last}\n" for sid, last in expected)
+        proc.stdin.flush()
     time.sleep(3)
     for proc in (ws, sse):
         assert proc.stdin is not None
