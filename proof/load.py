@@ -4,7 +4,7 @@ The stack of ``stack.py`` (daphne, engine and sandbox workers, the gateway, beat
 model, a private Redis, a PostgreSQL database of the proof's own), then two parts:
 
 1. API: ``proof._apiload`` in a process of its own sends 100 requests/s open-loop for 60 s
-   (short: 10 s): 60 % reads, 20 % creates (a session whose turn asks for an approval), 20 %
+   (short: 5 s): 60 % reads, 20 % creates (a session whose turn asks for an approval), 20 %
    decisions (approving those). Latency p50/p99 per kind, and errors (target 0). The floor in the
    same run: the lightest read (one session by id).
 2. Live push: 200 WebSocket clients (4 per session) and 20 SSE clients subscribed to 50 sessions
@@ -184,7 +184,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
 
 
 def run(full: bool = False) -> Result:
-    seconds_api, seconds_push = (60.0, 60.0) if full else (10.0, 15.0)
+    seconds_api, seconds_push = (60.0, 60.0) if full else (5.0, 15.0)
     url = database_url(os.environ.get("PROOF_LOAD_DATABASE", "agentops_proof_load"))
     result = Result("load", strict_timing=timing_asserted(full))
     print(f"load ({'full' if full else 'short'} size)")
