@@ -79,6 +79,7 @@ class Stack:
     commands: dict[str, list[str]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     web_socket: socket.socket | None = None
+    web_processes: int | None = None  # None: as make run ($AGENTOPS_WEB_PROCESSES, default 2)
 
     @property
     def web_names(self) -> list[str]:
@@ -112,7 +113,7 @@ class Stack:
                       "--appendonly", "no", "--dir", str(self.logs), "--loglevel", "warning"],
             "model": [PY, "-m", "scripted_model", "--port", str(self.model_port), "--quiet"],
             **{("web" if n == 0 else f"web-{n + 1}"): webserve.daphne_command(PY, sock)
-               for n in range(webserve.web_processes())},
+               for n in range(self.web_processes or webserve.web_processes())},
             "worker-engine": [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine", "--pool", "threads",
                               "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
                               "-n", f"engine{os.getpid()}@%h"],
