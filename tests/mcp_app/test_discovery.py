@@ -1,0 +1,50 @@
+"""Discovery against real MCP servers: the tools become ToolDefinitions named <server>__<tool>."""
+
+import pytest
+
+from mcp_app.models import McpServer, McpTool
+from mcp_app.services import mcp_server_refresh
+from tools_app.models import ApprovalMode, ToolDefinition
+
+
+def _assert_discovered(server: McpServer) -> None:
+    report = mcp_server_refresh(server_id=server.id)
+    assert report.error == ""
+    assert sorted(report.created) == [f"{server.name}__lookup", f"{server.name}__note", f"{server.name}__snapshot"]
+    lookup = ToolDefinition.objects.get(name=f"{server.name}__lookup")
+    assert lookup.kind == ToolDefinition.Kind.MCP
+    assert lookup.parameters_schema["required"] == ["key"]
+    assert lookup.description.startswith("Look a key up")
+    # Annotations only suggest: every new tool is mutating until an admin decides.
+    assert lookup.approval_mode == ApprovalMode.MUTATING
+    assert McpTool.objects.get(definition=lookup).suggested_mode == ApprovalMode.SAFE_READONLY
+    assert McpTool.objects.get(definition__name=f"{server.name}__note").suggested_mode == ApprovalMode.MUTATING
+    assert len(lookup.source_version) == 32
+    server.refresh_from_db()
+    assert server.status == McpServer.Status.OK
+    # A second discovery changes nothing.
+    again = mcp_server_refresh(server_id=server.id)
+    assert again.created == again.changed == again.removed == []
+
+
+@pytest.mark.django_db
+def test_mcp_server_refresh_stdio_in_sandbox(stdio_server: McpServer) -> None:
+    _assert_discovered(stdio_server)
+
+
+@pytest.mark.django_db
+def test_mcp_server_refresh_streamable_http(http_server: McpServer) -> None:
+    _assert_discovered(http_server)
+
+
+@pytest.mark.django_db
+def test_mcp_server_refresh_down_is_an_admin_visible_error(db: None) -> None:
+    from tests import factories
+
+    server = McpServer.objects.create(team=factories.team(), name="gone", transport=McpServer.Transport.HTTP,
+                                      url="http://127.0.0.1:9/mcp", timeout_seconds=3)
+    report = mcp_server_refresh(server_id=server.id)
+    server.refresh_from_db()
+    assert server.status == McpServer.Status.ERROR
+    assert "gone" in report.error and server.status_message == report.error
+    assert not ToolDefinition.objects.filter(name__startswith="gone__").exists()
