@@ -2,7 +2,7 @@
 
 Its behaviour is switched by flag files in ``MCP_FIXTURE_FLAGS`` (read-only is enough; read at
 start-up, so a stdio server, started per call, sees a change at its next call):
-``schema_v2`` (``note`` takes a required ``priority``), ``slow`` (``note`` sleeps 30 s),
+``schema_v2`` (``note`` gains a ``priority``), ``slow`` (``note`` sleeps 30 s),
 ``malformed`` (``note`` writes a line that is not JSON-RPC), ``crash`` (``note`` kills the process
 after its effect). ``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the
 working directory, /workspace under the sandbox): the effect the exactly-once tests count.
@@ -45,7 +45,7 @@ def snapshot() -> list[Any]:
 
 if _flag("schema_v2"):
     @server.tool(name="note")
-    def note_v2(text: str, priority: int) -> str:
+    def note_v2(text: str, priority: int = 1) -> str:
         """Append a note with a priority (changes state)."""
         return _note(f"{priority}:{text}")
 else:
