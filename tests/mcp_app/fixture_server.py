@@ -1,10 +1,9 @@
 """An MCP server for the tests, standalone (only the ``mcp`` package), over stdio or streamable HTTP.
 
-Its behaviour is switched by flag files in ``MCP_FIXTURE_FLAGS`` (read-only is enough; read at
-start-up, so a stdio server, started per call, sees a change at its next call):
-``schema_v2`` (``note`` gains a ``priority``), ``slow`` (``note`` sleeps 30 s),
-``malformed`` (``note`` writes a line that is not JSON-RPC), ``crash`` (``note`` kills the process
-after its effect). ``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the
+``note``'s text picks a misbehaviour: ``__slow__`` sleeps 30 s, ``__malformed__`` writes a line
+that is not JSON-RPC, ``__crash__`` kills the process after its effect. The flag file
+``schema_v2`` in ``MCP_FIXTURE_FLAGS`` (read at start-up: a stdio server, started per call, sees a
+change at its next call) makes ``note`` gain a ``priority``. ``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the
 working directory, /workspace under the sandbox): the effect the exactly-once tests count.
 """
 
@@ -56,15 +55,15 @@ else:
 
 
 def _note(text: str) -> str:
-    if _flag("slow"):
+    if text.endswith("__slow__"):
         time.sleep(30)
-    if _flag("malformed"):
+    if text.endswith("__malformed__"):
         sys.stdout.write("this is not json-rpc\n")
         sys.stdout.flush()
         time.sleep(30)
     with (NOTES / "notes.log").open("a") as log:
         log.write(text + "\n")
-    if _flag("crash"):
+    if text.endswith("__crash__"):
         os._exit(9)  # after the effect: whether the call took effect is unknown to the caller
     return f"noted: {text}"
 

@@ -14,7 +14,7 @@ from mcp_app.models import McpServer
 from mcp_app.services import mcp_server_refresh
 from sessions_app.engine.commands import session_start
 from sessions_app.engine.tool_steps import tool_step_run
-from sessions_app.models import AgentProfile, AgentSession, Artifact, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 from tests import factories
 from tests.helpers import assert_gap_free, finished, pending_approvals, script, tool
 from tests.mcp_app.conftest import FixtureDirs
@@ -57,12 +57,16 @@ def the_step(turn: Turn, name: str) -> Step:
     return Step.objects.get(turn=turn, tool_name=name)
 
 
-def test_mcp_readonly_tools_run_without_approval_with_structured_and_image_results(
+def test_mcp_stdio_results_and_failures_in_one_turn(
         engine_agent: AgentProfile, people: tuple[User, User], stdio_server: McpServer) -> None:
-    discovered(stdio_server, engine_agent, lookup=ApprovalMode.SAFE_READONLY, snapshot=ApprovalMode.SAFE_READONLY)
-    session, turn = start(engine_agent, people[0], script(tool("fx__lookup", key="abc"), tool("fx__snapshot"),
-                                                          "say got: {results}"))
-    turn = finished(turn, timeout=60)
+    """Read-only tools run without asking; structured and image results are recorded; a server
+    that writes garbage or dies mid-call is a clear step error and the turn goes on."""
+    discovered(stdio_server, engine_agent, lookup=ApprovalMode.SAFE_READONLY, snapshot=ApprovalMode.SAFE_READONLY,
+               note=ApprovalMode.SAFE_READONLY)
+    session, turn = start(engine_agent, people[0], script(
+        tool("fx__lookup", key="abc"), tool("fx__snapshot"), tool("fx__note", text="__malformed__"),
+        tool("fx__note", text="__crash__"), "say got: {results}"))
+    turn = finished(turn, timeout=90)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert not ApprovalRequest.objects.filter(session=session).exists()
     lookup = the_step(turn, "fx__lookup")
@@ -71,25 +75,44 @@ def test_mcp_readonly_tools_run_without_approval_with_structured_and_image_resul
     image = Artifact.objects.get(session=session)
     assert image.content_type == "image/png" and image.path.startswith("outputs/mcp/fx-snapshot-")
     assert Path(image.storage_path).read_bytes().startswith(b"\x89PNG")
+    malformed, crashed = Step.objects.filter(turn=turn, tool_name="fx__note").order_by("index")
+    # Not a timeout: the bad line ends the conversation at once.
+    assert malformed.status == "failed" and malformed.error_code == "mcp_malformed_result", malformed.error_message
+    assert "not json-rpc" in malformed.error_message
+    assert crashed.status == "failed" and crashed.error_code == "mcp_connection_lost", crashed.error_message
+    assert "unknown" in crashed.error_message and "mcp_connection_lost" in turn.output_text
+    workspace = Path(AgentSession.objects.get(pk=session.pk).workspace)
+    assert (workspace / "notes.log").read_text() == "__crash__\n"  # it did take effect before dying
+    stdio_server.refresh_from_db()
+    assert stdio_server.status == McpServer.Status.ERROR and "went away" in stdio_server.status_message
     assert_gap_free(session.id)
 
 
-def test_mcp_mutating_tool_asks_a_reviewer_and_runs_exactly_once(
+def test_mcp_mutating_tool_asks_a_reviewer_runs_exactly_once_and_a_slow_call_hits_the_deadline(
         engine_agent: AgentProfile, people: tuple[User, User], http_server: McpServer,
         fixture_dirs: FixtureDirs) -> None:
-    discovered(http_server, engine_agent)  # the admin left note as mutating
-    session, turn = start(engine_agent, people[0], script(tool("fxh__note", text="db restarted"), "say {results}"))
+    McpServer.objects.filter(pk=http_server.pk).update(timeout_seconds=3)
+    discovered(http_server, engine_agent, lookup=ApprovalMode.SAFE_READONLY)  # note stays mutating
+    session, turn = start(engine_agent, people[0], script(tool("fxh__note", text="db restarted"),
+                                                          tool("fxh__note", text="__slow__"), "say {results}"))
     (approval,) = pending_approvals(turn)
     definition = ToolDefinition.objects.get(name="fxh__note")
     # The hash binds the tool's version (server identity + tool + schema) and the arguments.
     assert approval.run_spec["tool_version"] == tool_version(definition)
     assert approval.run_spec["arguments"] == {"text": "db restarted"} and approval.network_policy == "host"
     assert decide(people[1], approval, decision="approve").status_code == 200
+    (slow,) = pending_approvals(turn, timeout=60)
+    assert decide(people[1], slow, decision="approve").status_code == 200
     turn = finished(turn, timeout=60)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert "noted: db restarted" in turn.output_text
-    step = the_step(turn, "fxh__note")
+    step, slow_step = Step.objects.filter(turn=turn, tool_name="fxh__note").order_by("index")
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "consumed"
+    # A slow server: the deadline ends the call (server status: error), the turn goes on.
+    assert slow_step.status == "failed" and slow_step.error_code == "timeout", slow_step.error_message
+    assert "within 3 s" in slow_step.error_message
+    http_server.refresh_from_db()
+    assert http_server.status == McpServer.Status.ERROR
     # A redelivered task and a replayed decision change nothing: one effect.
     assert tool_step_run(step.id) is None
     assert decide(people[1], approval, decision="approve").status_code in (200, 409)
@@ -119,52 +142,6 @@ def test_mcp_schema_change_invalidates_the_pending_approval(
 
 
 def session_events(session: AgentSession, type_: str) -> list[str]:
-    from sessions_app.models import Event
-
     return [e.payload.get("request_id", "") for e in Event.objects.filter(session=session, type=type_)]
 
 
-def test_mcp_server_killed_mid_call_is_a_clear_step_error(
-        engine_agent: AgentProfile, people: tuple[User, User], stdio_server: McpServer,
-        fixture_dirs: FixtureDirs) -> None:
-    discovered(stdio_server, engine_agent, note=ApprovalMode.SAFE_READONLY)
-    fixture_dirs.flag("crash")  # the server dies after its effect, before it answers
-    session, turn = start(engine_agent, people[0], script(tool("fx__note", text="x"), "say {results}"))
-    turn = finished(turn, timeout=60)
-    assert turn.status == "completed"
-    step = the_step(turn, "fx__note")
-    assert step.status == "failed" and step.error_code == "mcp_connection_lost"
-    assert "unknown" in step.error_message and "mcp_connection_lost" in turn.output_text
-    stdio_server.refresh_from_db()
-    assert stdio_server.status == McpServer.Status.ERROR and "went away" in stdio_server.status_message
-    assert (Path(session.workspace or AgentSession.objects.get(pk=session.pk).workspace) / "notes.log").exists()
-
-
-def test_mcp_malformed_reply_fails_the_step_at_once(
-        engine_agent: AgentProfile, people: tuple[User, User], stdio_server: McpServer,
-        fixture_dirs: FixtureDirs) -> None:
-    discovered(stdio_server, engine_agent, note=ApprovalMode.SAFE_READONLY)
-    fixture_dirs.flag("malformed")  # writes a line that is not JSON-RPC, then hangs 30 s
-    session, turn = start(engine_agent, people[0], script(tool("fx__note", text="x"), "say {results}"))
-    turn = finished(turn, timeout=60)
-    step = the_step(turn, "fx__note")
-    # Not a timeout: the bad line ends the conversation at once.
-    assert step.status == "failed" and step.error_code == "mcp_malformed_result", step.error_message
-    assert "not json-rpc" in step.error_message
-    stdio_server.refresh_from_db()
-    assert stdio_server.status == McpServer.Status.ERROR
-
-
-def test_mcp_slow_http_server_hits_the_deadline(
-        engine_agent: AgentProfile, people: tuple[User, User], http_server: McpServer,
-        fixture_dirs: FixtureDirs) -> None:
-    McpServer.objects.filter(pk=http_server.pk).update(timeout_seconds=2)
-    discovered(http_server, engine_agent, note=ApprovalMode.SAFE_READONLY)
-    fixture_dirs.flag("slow")  # note sleeps 30 s
-    session, turn = start(engine_agent, people[0], script(tool("fxh__note", text="x"), "say {results}"))
-    turn = finished(turn, timeout=60)
-    assert turn.status == "completed"
-    step = the_step(turn, "fxh__note")
-    assert step.status == "failed" and step.error_code == "timeout" and "within 2 s" in step.error_message
-    http_server.refresh_from_db()
-    assert http_server.status == McpServer.Status.ERROR
