@@ -10,7 +10,7 @@ class McpToolInline(admin.TabularInline):
     model = McpTool
     extra = 0
     can_delete = False
-    fields = ["definition", "remote_name", "suggested_mode", "present", "schema_sha256", "updated_at"]
+    fields = ("definition", "remote_name", "suggested_mode", "present", "schema_sha256", "updated_at")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:

@@ -40,17 +40,17 @@ def tool_result_from_mcp(result: types.CallToolResult, *, server: str, tool: str
             texts.append(item.text)
         elif isinstance(item, types.ImageContent):
             try:
-                data = base64.b64decode(item.data, validate=True)
+                raw = base64.b64decode(item.data, validate=True)
             except (binascii.Error, ValueError):
                 texts.append(f"[image {index}: not valid base64; dropped]")
                 continue
-            if len(data) > MAX_IMAGE_BYTES:
-                texts.append(f"[image {index}: {len(data)} bytes, over the {MAX_IMAGE_BYTES}-byte cap; dropped]")
+            if len(raw) > MAX_IMAGE_BYTES:
+                texts.append(f"[image {index}: {len(raw)} bytes, over the {MAX_IMAGE_BYTES}-byte cap; dropped]")
                 continue
             ext = mimetypes.guess_extension(item.mimeType or "") or ".bin"
-            rel = _write_image(workspace, f"{server}-{tool}-{step_id[:8]}-{index}{ext}", data)
+            rel = _write_image(workspace, f"{server}-{tool}-{step_id[:8]}-{index}{ext}", raw)
             published.append({"path": rel})
-            texts.append(f"[image {index}: {item.mimeType}, {len(data)} bytes, published as {rel}]")
+            texts.append(f"[image {index}: {item.mimeType}, {len(raw)} bytes, published as {rel}]")
         elif isinstance(item, types.EmbeddedResource):
             resource = item.resource
             body = resource.text if isinstance(resource, types.TextResourceContents) else "(binary)"

@@ -199,7 +199,8 @@ def mcp_pending_approvals_invalidate(*, tool_names: list[str]) -> int:
         if tool is None or not tool.enabled or errors:
             why = ("the tool is no longer available" if tool is None or not tool.enabled
                    else "the arguments do not fit its new schema: " + "; ".join(errors[:5]))
-            note = f"The MCP tool {approval.tool_name!r} changed before a reviewer decided; {why}. The call did not run."
+            note = (f"The MCP tool {approval.tool_name!r} changed before a reviewer decided; {why}. "
+                    "The call did not run.")
             step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.REJECTED,
                             event_type="tool.failed", event_payload={"result": {"status": "failed", "output": note}},
                             result={"status": "failed", "error_code": "mcp_tool_changed", "output": note},

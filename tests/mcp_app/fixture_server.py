@@ -3,8 +3,9 @@
 ``note``'s text picks a misbehaviour: ``__slow__`` sleeps 30 s, ``__malformed__`` writes a line
 that is not JSON-RPC, ``__crash__`` kills the process after its effect. The flag file
 ``schema_v2`` in ``MCP_FIXTURE_FLAGS`` (read at start-up: a stdio server, started per call, sees a
-change at its next call) makes ``note`` gain a ``priority``. ``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the
-working directory, /workspace under the sandbox): the effect the exactly-once tests count.
+change at its next call) makes ``note`` gain a ``priority``. ``note`` appends to ``notes.log``
+in ``MCP_FIXTURE_NOTES`` (default: the working directory, /workspace under the sandbox): the
+effect the exactly-once tests count.
 """
 
 import base64
@@ -20,7 +21,8 @@ from mcp.types import ImageContent, TextContent, ToolAnnotations
 FLAGS = Path(os.environ.get("MCP_FIXTURE_FLAGS", "."))
 NOTES = Path(os.environ.get("MCP_FIXTURE_NOTES", "."))
 # A 1×1 PNG.
-PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGA"
+                         "hKmMIQAAAABJRU5ErkJggg==")
 
 server = FastMCP("fixture", host="127.0.0.1", port=int(os.environ.get("MCP_FIXTURE_PORT", "0") or 0))
 

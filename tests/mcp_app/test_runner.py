@@ -52,8 +52,11 @@ def test_mcp_secret_reference_without_a_vault_is_a_clear_refusal(http_server: Mc
     refused = _run("fxh__lookup", tmp_path, http_server.team_id, key="k")
     assert refused.error_code == "secret_unavailable" and "{{" not in refused.output  # type: ignore[attr-defined]
     seen: list[str] = []
-    secret_refs.secret_resolver_set(lambda text, **kw: seen.append(kw["consumer"]) or text.replace(
-        "{{secret:TRACKER}}", "s3cret"))
+    def resolver(text: str, **kw: object) -> str:
+        seen.append(str(kw["consumer"]))
+        return text.replace("{{secret:TRACKER}}", "s3cret")
+
+    secret_refs.secret_resolver_set(resolver)
     try:
         assert _run("fxh__lookup", tmp_path, http_server.team_id, key="k").status == "completed"  # type: ignore[attr-defined]
     finally:
