@@ -1,13 +1,16 @@
 """Reads for mcp_app (team-scoped where a person reads them)."""
 
-from django.db.models import QuerySet
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from agentops.teams import scope
 
 from .models import McpServer, McpTool
 
 
-def mcp_servers_of_team(team_id: int) -> QuerySet[McpServer]:
-    return McpServer.objects.filter(team_id=team_id).order_by("name")
-
-
-def mcp_tools_of_server(server_id: int) -> QuerySet[McpTool]:
-    return McpTool.objects.filter(server_id=server_id).select_related("definition").order_by("remote_name")
+def mcp_servers_visible(*, user: Any) -> QuerySet[McpServer]:
+    """The servers of the user's teams with their tools (three queries, whatever the count)."""
+    tools = McpTool.objects.select_related("definition").order_by("remote_name")
+    return scope(McpServer.objects.select_related("team"), user).prefetch_related(
+        Prefetch("tools", queryset=tools)).order_by("name")
