@@ -108,6 +108,8 @@ def tool_available(session: AgentSession, tool_name: str) -> ToolDefinition | No
 
 def tool_risk(tool: ToolDefinition) -> tuple[str, str]:
     """The risk shown to the reviewer, and why."""
+    if tool.kind == ToolDefinition.Kind.MCP:
+        return "high", "This call goes to an MCP server: its effect is outside agentops's sandbox and workspace."
     if tool.network == "host":
         return "high", "This call may reach the network from the sandbox."
     if tool.name in ("send_email", "http_request"):

@@ -35,5 +35,6 @@ def test_mcp_servers_list_api_is_team_scoped(django_assert_num_queries: Any) -> 
     assert [s["name"] for s in body] == ["mine", "mine2"]
     assert body[0]["status"] == "error" and body[0]["status_message"] == "down"
     assert [t["name"] for t in body[0]["tools"]] == ["mine__t0", "mine__t1", "mine__t2"]
-    assert body[0]["tools"][0]["approval_mode"] == "mutating" and body[0]["tools"][0]["suggested_mode"] == "safe_readonly"
+    first = body[0]["tools"][0]
+    assert first["approval_mode"] == "mutating" and first["suggested_mode"] == "safe_readonly"
     assert "headers" not in body[0] and "secret" not in response.content.decode()
