@@ -98,6 +98,8 @@ def _run(conn: ServerConnection, body: Callable[[ClientSession], Awaitable[T]]) 
     except pydantic.ValidationError as exc:
         raise McpFailure("mcp_malformed_result", f"The MCP server {conn.name!r} sent a malformed reply: "
                                                  f"{_first_error(exc)}") from exc
+    except ValueError as exc:  # the server's configuration (env names, sizes), before any I/O
+        raise McpFailure("mcp_config_error", f"The MCP server {conn.name!r} is misconfigured: {exc}") from exc
     except McpError as exc:
         raise _from_mcp_error(conn, exc, trouble) from exc
     except (httpx.HTTPError, OSError) as exc:

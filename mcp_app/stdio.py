@@ -12,6 +12,7 @@ A line on stdout that is not JSON-RPC ends the connection and is reported as a m
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import sysconfig
@@ -48,20 +49,36 @@ class StdioTrouble:
         return self.stderr[-STDERR_KEEP:].decode("utf-8", "replace").strip()
 
 
-def _sandbox_argv(bwrap: str, *, argv: list[str], workspace: Path, mounts: list[str], env: dict[str, str],
-                  network: str, timeout: int, fds: dict[str, int], cgroup: PidsCgroup | None,
-                  has_parent: bool) -> list[str]:
+ENV_FILE = "/run/agentops/env"
+ENV_MAX_BYTES = 16 * 1024  # under a pipe's buffer: data_fd writes it at once
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_script(env: dict[str, str]) -> bytes:
+    """The server's environment as a shell script sourced inside the sandbox. Passed through a
+    pipe (bwrap's --ro-bind-data), never on a command line: a resolved secret must not show in
+    ``ps`` or /proc/<pid>/cmdline on the host."""
+    lines = []
+    if sum(len(k) + len(v) for k, v in env.items()) > ENV_MAX_BYTES:
+        raise ValueError(f"the server's environment is over {ENV_MAX_BYTES} bytes")
+    for key, value in env.items():
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"not an environment variable name: {key!r}")
+        lines.append(f"export {key}={shlex.quote(value)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _sandbox_argv(bwrap: str, *, argv: list[str], workspace: Path, mounts: list[str], network: str, timeout: int,
+                  fds: dict[str, int], cgroup: PidsCgroup | None, has_parent: bool) -> list[str]:
     policy = policy_for(timeout_seconds=timeout, network=network)
     args = bwrap_args(bwrap, workspace=workspace, cwd_rel="", policy=policy, passwd_fd=fds["passwd"],
                       group_fd=fds["group"], status_fd=fds["status"], seccomp_fd=fds["seccomp"],
-                      command=shlex.join(["exec", *argv]))
+                      command=f". {ENV_FILE} && exec {shlex.join(argv)}")
     # bwrap_args ends with /bin/sh -c COMMAND: the server's binds and environment go before it.
     extra = ["--ro-bind", sysconfig.get_paths()["purelib"], SITE_MOUNT, "--setenv", "PYTHONPATH", SITE_MOUNT,
-             "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+             "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--ro-bind-data", str(fds["env"]), ENV_FILE]
     for mount in mounts:
         extra += ["--ro-bind", str(mount), str(mount)]
-    for key, value in env.items():
-        extra += ["--setenv", key, value]
     return launcher_args(policy, cgroup, has_parent) + drop_privileges_args() + args[:-3] + extra + args[-3:]
 
 
@@ -74,24 +91,27 @@ async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str]
     backend, status = ensure_backend()
     if backend is None or backend.bwrap is None:
         raise SandboxUnavailable(f"MCP stdio servers need bubblewrap: {status.get('detail', 'no backend')}")
+    script = env_script(env)  # refuses a bad environment before anything is created
     parent = cgroup_parent()
     cgroup = PidsCgroup(parent, 128, policy_for(timeout_seconds=timeout, network=network).memory_bytes) \
         if parent else None
-    passwd, group = passwd_data()
     status_read, status_write = os.pipe()
-    fds = {"passwd": data_fd(passwd), "group": data_fd(group), "seccomp": seccomp_fd(), "status": status_write}
-    full = _sandbox_argv(backend.bwrap, argv=argv, workspace=Path(os.path.realpath(workspace)), mounts=mounts,
-                         env=env, network=network, timeout=timeout, fds=fds, cgroup=cgroup,
-                         has_parent=parent is not None)
+    process: anyio.abc.Process | None = None
     try:
-        process = await anyio.open_process(full, cwd="/", env=LAUNCHER_ENV, start_new_session=True,
-                                           pass_fds=tuple(fds.values()))
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-    try:
+        passwd, group = passwd_data()
+        fds = {"passwd": data_fd(passwd), "group": data_fd(group), "seccomp": seccomp_fd(), "status": status_write,
+               "env": data_fd(script)}
+        try:
+            full = _sandbox_argv(backend.bwrap, argv=argv, workspace=Path(os.path.realpath(workspace)),
+                                 mounts=mounts, network=network, timeout=timeout, fds=fds, cgroup=cgroup,
+                                 has_parent=parent is not None)
+            process = await anyio.open_process(full, cwd="/", env=LAUNCHER_ENV, start_new_session=True,
+                                               pass_fds=tuple(fds.values()))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read_stdout, process, read_writer, trouble)
             tg.start_soon(_write_stdin, process, write_reader)
@@ -102,9 +122,10 @@ async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str]
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
-            _kill(process, cgroup)
-            with contextlib.suppress(Exception):
-                await process.aclose()
+            if process is not None:
+                _kill(process, cgroup)
+                with contextlib.suppress(Exception):
+                    await process.aclose()
             os.close(status_read)
             if cgroup is not None:
                 cgroup.remove()

@@ -37,6 +37,12 @@ def lookup(key: str) -> dict[str, Any]:
     return {"key": key, "value": key.upper()}
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def whoami() -> dict[str, Any]:
+    """Where the server runs: its working directory and the FIXTURE_TOKEN it was given."""
+    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid()}
+
+
 @server.tool()
 def snapshot() -> list[Any]:
     """A picture and a caption."""

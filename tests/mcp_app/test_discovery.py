@@ -10,7 +10,7 @@ from tools_app.models import ApprovalMode, ToolDefinition
 def _assert_discovered(server: McpServer) -> None:
     report = mcp_server_refresh(server_id=server.id)
     assert report.error == ""
-    assert sorted(report.created) == [f"{server.name}__lookup", f"{server.name}__note", f"{server.name}__snapshot"]
+    assert sorted(report.created) == [f"{server.name}__{t}" for t in ("lookup", "note", "snapshot", "whoami")]
     lookup = ToolDefinition.objects.get(name=f"{server.name}__lookup")
     assert lookup.kind == ToolDefinition.Kind.MCP
     assert lookup.parameters_schema["required"] == ["key"]

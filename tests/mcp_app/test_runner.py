@@ -88,3 +88,24 @@ def test_mcp_step_after_a_worker_crash_is_in_doubt_unless_idempotent(idempotent:
     assert Step.objects.get(pk=step.pk).status == outcome
     recovery_asked = ApprovalRequest.objects.filter(step=step, kind=ApprovalRequest.Kind.RECOVERY).exists()
     assert recovery_asked is (outcome == "in_doubt")
+
+
+@pytest.mark.django_db
+def test_mcp_stdio_server_runs_sandboxed_in_the_workspace_with_its_env(stdio_server: McpServer,
+                                                                        tmp_path: Path) -> None:
+    """The server runs as the sandbox uid with the session's workspace at /workspace; a secret
+    reference in its env is resolved in the task and reaches it through a pipe, not argv."""
+    assert mcp_server_refresh(server_id=stdio_server.id).error == ""
+    McpServer.objects.filter(pk=stdio_server.pk).update(
+        env={**stdio_server.env, "FIXTURE_TOKEN": "{{secret:T}}"})
+    workspace = Path(stdio_server.mounts[1]).parent.parent / "ws"  # under the traversable workspace root
+    workspace.mkdir(mode=0o777)
+    workspace.chmod(0o777)
+    secret_refs.secret_resolver_set(lambda text, **kw: text.replace("{{secret:T}}", "it's $HOME \"quoted\""))
+    try:
+        result = _run("fx__whoami", workspace, stdio_server.team_id)
+    finally:
+        secret_refs.secret_resolver_set(None)
+    assert result.status == "completed", result.output  # type: ignore[attr-defined]
+    seen = result.data["structured"]  # type: ignore[attr-defined]
+    assert seen["cwd"] == "/workspace" and seen["token"] == "it's $HOME \"quoted\"" and seen["uid"] != 0
