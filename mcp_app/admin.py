@@ -3,7 +3,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from mcp_app.models import McpServer, McpTool
-from mcp_app.services import mcp_server_refresh
+from mcp_app.services import mcp_server_refresh, mcp_tools_apply_suggested_modes
 
 
 class McpToolInline(admin.TabularInline):
@@ -26,7 +26,7 @@ class McpServerAdmin(admin.ModelAdmin):
     search_fields = ["name", "url"]
     readonly_fields = ["status", "status_message", "checked_at", "created_at", "updated_at"]
     inlines = [McpToolInline]
-    actions = ["refresh_tools"]
+    actions = ["refresh_tools", "apply_suggested_modes"]
 
     @admin.action(description="Discover tools (list the server's tools and update their definitions)")
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
@@ -38,3 +38,9 @@ class McpServerAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{server.name}: {len(report.created)} new, {len(report.changed)} "
                                            f"changed, {len(report.removed)} removed, {report.invalidated} pending "
                                            "approvals invalidated")
+
+    @admin.action(description="Set each tool's approval mode to what its annotations suggest")
+    def apply_suggested_modes(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            changed = mcp_tools_apply_suggested_modes(server_id=server.id)
+            self.message_user(request, f"{server.name}: {changed} tools changed their approval mode")

@@ -90,6 +90,7 @@ class RefreshReport:
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
     invalidated: int = 0
     error: str = ""
 
@@ -116,6 +117,7 @@ def mcp_server_refresh(*, server_id: int) -> RefreshReport:
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     with transaction.atomic():
+        server = McpServer.objects.select_for_update().get(pk=server.pk)  # two discoveries at once: one by one
         report = _record_tools(server, tools)
         affected = report.changed + report.removed
         report.invalidated = mcp_pending_approvals_invalidate(tool_names=affected) if affected else 0
@@ -145,6 +147,11 @@ def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
                   "idempotent": bool(remote.annotations and remote.annotations.idempotentHint),
                   "enabled": server.enabled, "source_version": _source_version(server, remote.name, sha)}
         existing = known.get(remote.name)
+        if existing is None and ToolDefinition.objects.filter(name=name).exclude(kind=ToolDefinition.Kind.MCP).exists():
+            log.warning("MCP server %s: tool %s would take the name of a %r tool; skipped", server.name, remote.name,
+                        name)
+            report.skipped.append(name)
+            continue
         if existing is None:
             definition, _ = ToolDefinition.objects.update_or_create(
                 name=name, defaults={**fields, "kind": ToolDefinition.Kind.MCP},
@@ -170,6 +177,20 @@ def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
             ToolDefinition.objects.filter(pk=gone.definition_id).update(enabled=False, updated_at=timezone.now())
             report.removed.append(gone.definition.name)
     return report
+
+
+def mcp_tools_apply_suggested_modes(*, server_id: int) -> int:
+    """Set each of the server's tools to the mode its annotations suggest (an admin's explicit
+    choice, never automatic). Returns how many changed."""
+    changed = 0
+    with transaction.atomic():
+        for tool in McpTool.objects.select_related("definition").filter(server_id=server_id):
+            if tool.definition.approval_mode != tool.suggested_mode:
+                ToolDefinition.objects.filter(pk=tool.definition_id).update(approval_mode=tool.suggested_mode,
+                                                                            updated_at=timezone.now())
+                changed += 1
+    tool_definitions_cache_clear()
+    return changed
 
 
 def _annotations(tool: types.Tool) -> dict[str, object]:

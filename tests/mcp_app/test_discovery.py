@@ -3,7 +3,7 @@
 import pytest
 
 from mcp_app.models import McpServer, McpTool
-from mcp_app.services import mcp_server_refresh
+from mcp_app.services import mcp_server_refresh, mcp_tools_apply_suggested_modes
 from tools_app.models import ApprovalMode, ToolDefinition
 
 
@@ -28,13 +28,22 @@ def _assert_discovered(server: McpServer) -> None:
 
 
 @pytest.mark.django_db
-def test_mcp_server_refresh_stdio_in_sandbox(stdio_server: McpServer) -> None:
-    _assert_discovered(stdio_server)
+def test_mcp_server_refresh_streamable_http(http_server: McpServer) -> None:
+    # (Over stdio, discovery runs in the sandbox: test_runner and test_engine discover that way.)
+    _assert_discovered(http_server)
+    assert mcp_tools_apply_suggested_modes(server_id=http_server.id) == 2  # lookup, whoami: read-only
+    modes = dict(ToolDefinition.objects.filter(kind="mcp").values_list("name", "approval_mode"))
+    assert modes == {"fxh__lookup": "safe_readonly", "fxh__whoami": "safe_readonly", "fxh__note": "mutating",
+                     "fxh__snapshot": "mutating"}
 
 
 @pytest.mark.django_db
-def test_mcp_server_refresh_streamable_http(http_server: McpServer) -> None:
-    _assert_discovered(http_server)
+def test_mcp_server_refresh_never_takes_another_tools_name(http_server: McpServer) -> None:
+    ToolDefinition.objects.create(name="fxh__note", kind=ToolDefinition.Kind.CLIENT,
+                                  parameters_schema={"type": "object"})
+    report = mcp_server_refresh(server_id=http_server.id)
+    assert report.skipped == ["fxh__note"] and "fxh__note" not in report.created
+    assert ToolDefinition.objects.get(name="fxh__note").kind == ToolDefinition.Kind.CLIENT
 
 
 @pytest.mark.django_db
