@@ -38,6 +38,10 @@ def test_demo_incident_responder_uses_the_mcp_incident_tracker(scripted_model_ur
     for expected in ("run_command", "tracker__comment_ticket"):
         (approval,) = pending_approvals(turn, timeout=90)
         assert approval.tool_name == expected
+        page = client.get(f"/approvals/{approval.request_id}/")  # what the reviewer sees
+        assert page.status_code == 200 and expected in page.content.decode()
+        if expected.startswith("tracker__"):
+            assert "MCP server" in page.content.decode() and "INC-101" in page.content.decode()
         response = client.post(f"/api/approvals/{approval.request_id}/decision",
                                json.dumps({"decision": "approve", "arguments_sha256": approval.arguments_sha256}),
                                content_type="application/json")
@@ -45,6 +49,8 @@ def test_demo_incident_responder_uses_the_mcp_incident_tracker(scripted_model_ur
     turn = finished(turn, timeout=90)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert "INC-101" in turn.output_text and "PaymentsQueueBacklog" in turn.output_text
+    timeline = client.get(f"/sessions/{session.id}/")
+    assert timeline.status_code == 200 and "tracker__list_tickets" in timeline.content.decode()
     listing = Step.objects.get(turn=turn, tool_name="tracker__list_tickets")
     assert listing.status == "completed" and not ApprovalRequest.objects.filter(step=listing).exists()
     store = Path(AgentSession.objects.get(pk=session.pk).workspace) / ".incident_tracker.json"
