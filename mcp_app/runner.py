@@ -16,6 +16,7 @@ the workspace or behind their own API. HTTP servers are long-lived by nature and
 """
 
 import logging
+import time
 
 from tools_app.builtin import ToolResult
 from tools_app.runners import ToolRun
@@ -33,6 +34,13 @@ SERVER_FAILURES = {"timeout", "mcp_unavailable", "mcp_connection_lost", "mcp_mal
 
 
 def mcp_tool_run(run: ToolRun) -> ToolResult:
+    started = time.monotonic()
+    result = _run(run)
+    result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+    return result
+
+
+def _run(run: ToolRun) -> ToolResult:
     tool = McpTool.objects.select_related("server").filter(definition__name=run.tool_name).first()
     if tool is None:
         return ToolResult.failure("unknown_tool", f"No MCP server provides {run.tool_name!r} any more.")

@@ -70,7 +70,7 @@ def test_mcp_stdio_results_and_failures_in_one_turn(
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     assert not ApprovalRequest.objects.filter(session=session).exists()
     lookup = the_step(turn, "fx__lookup")
-    assert lookup.status == "completed" and lookup.result is not None
+    assert lookup.status == "completed" and lookup.result is not None and lookup.result["duration_ms"] > 0
     assert lookup.result["data"]["structured"] == {"key": "abc", "value": "ABC"}
     assert "ABC" in turn.output_text
     image = Artifact.objects.get(session=session)
