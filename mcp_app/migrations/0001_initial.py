@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('agentops', '0004_teams'),
-        ('tools_app', '0002_remove_tooldefinition_tooldefinition_kind_valid_and_more'),
+        ('tools_app', '0002_tooldefinition_mcp_kind_source_version'),
     ]
 
     operations = [
