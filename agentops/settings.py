@@ -316,7 +316,7 @@ AGENTOPS_SANDBOX_HOST = env.str("AGENTOPS_SANDBOX_HOST", default="")
 AGENTOPS_SANDBOX_HOST_POOL = env.str("AGENTOPS_SANDBOX_HOST_POOL", default="default")
 AGENTOPS_SANDBOX_HOST_LABELS = env.list("AGENTOPS_SANDBOX_HOST_LABELS", default=[])
 AGENTOPS_SANDBOX_HOST_CAPACITY = env.int("AGENTOPS_SANDBOX_HOST_CAPACITY", default=8)
-AGENTOPS_WORKSPACE_HOST = env.str("AGENTOPS_WORKSPACE_HOST", default="local")
+AGENTOPS_WORKSPACE_HOST = env.str("AGENTOPS_WORKSPACE_HOST", default=AGENTOPS_SANDBOX_HOST or "local")
 AGENTOPS_HOST_HEARTBEAT_SECONDS = env.float("AGENTOPS_HOST_HEARTBEAT_SECONDS", default=5.0)
 # No heartbeat for this long: offline. An interrupted command of an offline host waits this long
 # for the host to return (its manifest is then checked there) before a reviewer decides.

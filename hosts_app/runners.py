@@ -203,7 +203,9 @@ def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, An
         except IntegrityError:
             RunnerResult.objects.filter(job_id=job_id).update(deliveries=F("deliveries") + 1)
             return False
-        if step.status == Step.Status.RUNNING and step.lease_owner == f"runner:{host.name}":
+        # Its result is the truth even when the sweeper began to ask for a manifest check meanwhile.
+        if step.status == Step.Status.RUNNING and step.lease_owner in (f"runner:{host.name}",
+                                                                       f"{CHECKING}{host.name}"):
             clean = {k: result.get(k) for k in ("status", "output", "exit_code", "duration_ms", "files_changed",
                                                 "error_code", "error_message", "stdout", "stderr", "truncated")
                      if k in result}

@@ -45,8 +45,9 @@ def _heartbeat_loop(name: str) -> None:
                 log.warning("sandbox host %s registered (pool %s)", name, host.pool)
             else:
                 host_heartbeat(host_id=host.id)
-        except Exception:  # the database blinked: the next beat tries again
+        except Exception:  # the database blinked (or the row is gone): register again next beat
             log.exception("sandbox host %s: heartbeat failed", name)
+            host = None
         finally:
             close_old_connections()
         _stop.wait(settings.AGENTOPS_HOST_HEARTBEAT_SECONDS)
