@@ -4,6 +4,7 @@ moving a session to another host. The runners' own endpoints are in ``hosts_app.
 from typing import Any
 
 from ninja import Router
+from ninja.responses import Status
 
 from agentops.api import ERRORS
 from agentops.domain import NotFound
@@ -55,14 +56,14 @@ def session_move_api(request: AuthedRequest, session_id: str, payload: SessionMo
 
 
 @router.post("/runners", response={201: RunnerCreatedOut, **ERRORS})
-def runner_create_api(request: AuthedRequest, payload: RunnerCreateIn) -> tuple[int, dict[str, Any]]:
+def runner_create_api(request: AuthedRequest, payload: RunnerCreateIn) -> Status:
     """A customer runner of one of your teams; its token is in this response only."""
     team = scope(Team.objects.all(), request.user, field="id").filter(slug=payload.team).first()
     if team is None:
         raise NotFound(f"No team {payload.team!r}")
     host, token = runners.runner_create(team=team, name=payload.name, actor=request.user, pool=payload.pool,
                                         labels=payload.labels, capacity=payload.capacity)
-    return 201, {"name": host.name, "team": team.slug, "token": token}
+    return Status(201, {"name": host.name, "team": team.slug, "token": token})
 
 
 @router.post("/runners/{name}/revoke", response={200: HostOut, **ERRORS})

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Router, Schema
 from ninja.errors import HttpError
+from ninja.responses import Status
 
 from agentops.api import ERRORS
 from agentops.asyncdb import database_read
@@ -84,7 +85,7 @@ async def runner_job_next_api(request: HttpRequest, wait: float = 20.0) -> Any:
                 return job
             left = deadline - time.monotonic()
             if left <= 0:
-                return 204, None
+                return Status(204, None)
             # Woken by the engine's hand-over (hosts_app.hooks), or every second for what it missed.
             with contextlib.suppress(aioredis.RedisError):
                 await client.blpop([runners.wake_key(host.name)], timeout=max(0.05, min(1.0, left)))
@@ -100,7 +101,7 @@ async def runner_job_next_api(request: HttpRequest, wait: float = 20.0) -> Any:
 async def runner_progress_api(request: HttpRequest, job_id: str, payload: ProgressIn) -> Any:
     host = await _runner(request)
     await database_read(runners.runner_progress)(host=host, job_id=job_id, output=payload.output)
-    return 204, None
+    return Status(204, None)
 
 
 @router.post("/jobs/{job_id}/result", auth=None, response={200: RecordedOut, **ERRORS})
@@ -115,13 +116,13 @@ async def runner_result_api(request: HttpRequest, job_id: str, payload: ResultIn
 async def runner_refused_api(request: HttpRequest, job_id: str, payload: RefusedIn) -> Any:
     host = await _runner(request)
     await database_read(runners.runner_refusal_record)(host=host, job_id=job_id, reason=payload.reason)
-    return 204, None
+    return Status(204, None)
 
 
 @router.post("/jobs/{job_id}/manifest", auth=None, response={204: None, **ERRORS})
 async def runner_manifest_api(request: HttpRequest, job_id: str, payload: ManifestIn) -> Any:
     host = await _runner(request)
     await database_read(runners.runner_manifest_answer)(host=host, job_id=job_id, changed=payload.changed)
-    return 204, None
+    return Status(204, None)
 
 

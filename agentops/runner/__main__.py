@@ -157,7 +157,11 @@ class Runner:
         self.post(f"/jobs/{job['job_id']}/manifest", {"changed": changed})
 
     def serve(self) -> int:
-        self.heartbeat()
+        try:
+            self.heartbeat()
+        except PermissionError as exc:
+            log.error("%s; stopping", exc)
+            return 3
         threading.Thread(target=self._heartbeats, daemon=True, name="heartbeat").start()
         log.warning("runner %s connected to %s", self.name, self.url)
         self.deliver_pending()
