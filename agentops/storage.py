@@ -12,10 +12,10 @@ from django.core.files.storage import FileSystemStorage
 
 
 class ArtifactStorage(FileSystemStorage):
-    @property  # type: ignore[override]
+    @property
     def base_location(self) -> str:
         return str(settings.AGENTOPS_ARTIFACT_ROOT)
 
-    @property  # type: ignore[override]
+    @property
     def location(self) -> str:
         return os.path.abspath(self.base_location)

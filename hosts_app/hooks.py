@@ -31,7 +31,8 @@ def host_of(session: AgentSession) -> SandboxHost | None:
     """The session's host, pinned now when it has none (cached on the instance for this tick)."""
     if not hasattr(session, CACHE):
         setattr(session, CACHE, session_pin(session=session))
-    return getattr(session, CACHE)  # type: ignore[no-any-return]
+    host: SandboxHost | None = getattr(session, CACHE)
+    return host
 
 
 def workspace_is_local(session: AgentSession) -> bool:

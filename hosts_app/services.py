@@ -107,7 +107,8 @@ def session_pin(*, session: AgentSession) -> SandboxHost | None:
     if not hosts:
         return None
     online = [h for h in hosts if h.status == SandboxHost.Status.ONLINE] or hosts
-    best = min(online, key=lambda h: (h.load / max(1, h.capacity), h.kind != SandboxHost.Kind.RUNNER, h.name))
+    best = min(online, key=lambda h: (getattr(h, "load", 0) / max(1, h.capacity), h.kind != SandboxHost.Kind.RUNNER,
+                                      h.name))
     placement, created = SessionPlacement.objects.get_or_create(session_id=session.pk, defaults={"host": best})
     if created:
         event_record(session_id=session.pk, type="session.pinned",

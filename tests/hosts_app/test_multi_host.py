@@ -101,7 +101,8 @@ def test_two_hosts_pin_sessions_and_files_never_cross(cluster: Cluster, people: 
     turn = finished(turn, timeout=90)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
     (step,) = Step.objects.filter(turn=turn, kind="tool")
-    assert "from-a" in step.result["output"] and "no-secret" in step.result["output"]
+    output = (step.result or {})["output"]
+    assert "from-a" in output and "no-secret" in output
 
 
 def test_host_killed_mid_command_waits_then_checks_its_manifest_when_back(
