@@ -17,6 +17,12 @@ from tests.helpers import api_client
 pytestmark = pytest.mark.django_db
 
 
+def pinned(session: Any) -> str:
+    placed = session_pin(session=session)
+    assert placed is not None
+    return placed.name
+
+
 def host(name: str, **fields: Any) -> SandboxHost:
     fields.setdefault("status", "online")
     fields.setdefault("last_heartbeat_at", timezone.now())
@@ -33,11 +39,11 @@ def test_session_pin_picks_the_least_loaded_host_by_capacity(operator: User) -> 
     host("b", capacity=4)
     agent = factories.agent_profile()
     first = factories.session(agent=agent, owner=operator)
-    assert session_pin(session=first).name == "a"  # a tie: by name
+    assert pinned(first) == "a"  # a tie: by name
     factories.turn(first)  # a working turn: a is full (1/1), b is empty (0/4)
     second = factories.session(agent=agent, owner=operator)
-    assert session_pin(session=second).name == "b"
-    assert session_pin(session=first).name == "a"  # pinned once: it keeps its host
+    assert pinned(second) == "b"
+    assert pinned(first) == "a"  # pinned once: it keeps its host
     assert Event.objects.filter(session=second, type="session.pinned", payload__host="b").count() == 1
 
 
@@ -46,7 +52,7 @@ def test_session_pin_needs_the_agent_pool_and_labels(operator: User) -> None:
     host("gpu-1", labels=["gpu"], pool="ml")
     agent = factories.agent_profile()
     AgentHostPolicy.objects.create(agent=agent, pool="ml", labels=["gpu"])
-    assert session_pin(session=factories.session(agent=agent, owner=operator)).name == "gpu-1"
+    assert pinned(factories.session(agent=agent, owner=operator)) == "gpu-1"
 
 
 def test_no_host_keeps_the_one_machine_path(operator: User) -> None:
