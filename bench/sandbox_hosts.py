@@ -6,6 +6,8 @@ Env:   DATABASE_URL (only its server: the benchmark uses its own database BENCH_
 
 Each sample is one approved ``run_command {"command": "true"}`` tool step of a fresh session:
 - local: ``execute_tool`` in this process (bubblewrap; the floor: what the sandbox itself costs);
+- shared: an unpinned session on the one-machine queue ``sandbox`` (the path before hosts existed:
+  what Celery, the claim and the record cost without the hosts layer);
 - hosted: the session is pinned to host ``bench-host`` (a ``manage.py sandbox_host`` worker
   process); the clock runs from the hand-over (``dispatch.tool_run_enqueue``, queue
   ``sandbox.bench-host``) until the step is completed in the database (claim, run, record);
@@ -67,13 +69,15 @@ def main() -> None:
     procs = [
         spawn([PY, "manage.py", "sandbox_host", "--name", "bench-host", "--pool", "bench", "--concurrency", "2"],
               {**env, "AGENTOPS_WORKSPACE_ROOT": conf["workspaces"] + "-host"}, logs, "host"),
+        spawn([PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "sandbox", "--pool", "threads", "-c", "2",
+               "-l", "warning", "-n", "shared@%h"], env, logs, "shared"),
         spawn([PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "agentops.asgi:application"], env, logs, "web"),
     ]
     runner_env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS", "DJANGO"))}
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", ok=200, timeout=90, proc=procs[1])
+        wait_http(f"http://127.0.0.1:{port}/healthz", ok=200, timeout=90, proc=procs[2])
     except SystemExit:
-        wait_http(f"http://127.0.0.1:{port}/login/", timeout=30, proc=procs[1])
+        wait_http(f"http://127.0.0.1:{port}/login/", timeout=30, proc=procs[2])
     procs.append(spawn([PY, "-m", "agentops.runner", "--url", f"http://127.0.0.1:{port}", "--token", token,
                         "--workdir", conf["workspaces"] + "-runner", "--wait", "20"], runner_env, logs, "runner"))
     try:
@@ -93,7 +97,7 @@ def main() -> None:
                                        call_id="c", arguments={"command": "true"}, approval_mode="safe_readonly",
                                        status="approved")
 
-        def remote(target: SandboxHost) -> list[float]:
+        def remote(target: SandboxHost | None) -> list[float]:
             out = []
             for i in range(samples + 3):
                 step = step_for(target)
@@ -102,7 +106,7 @@ def main() -> None:
                 while Step.objects.filter(pk=step.pk).values_list("status", flat=True)[0] not in ("completed",
                                                                                                    "failed"):
                     if time.perf_counter() - started > 60:
-                        raise SystemExit(f"step {step.id} on {target.name} did not finish; logs in {logs}")
+                        raise SystemExit(f"step {step.id} did not finish; logs in {logs}")
                     time.sleep(0.001)
                 elapsed = (time.perf_counter() - started) * 1000
                 assert Step.objects.get(pk=step.pk).status == "completed", Step.objects.get(pk=step.pk).result
@@ -119,6 +123,7 @@ def main() -> None:
             assert result.status == "completed", result
             if i >= 3:
                 local.append((time.perf_counter() - started) * 1000)
+        shared = remote(None)
         hosted = remote(host)
         runner_ms = remote(runner)
     finally:
@@ -135,9 +140,10 @@ def main() -> None:
 
     print(f"\nround trip of `true`, {samples} samples each, same run ({timezone.now():%Y-%m-%d %H:%M} UTC)")
     print(f"  local sandbox (in process)   {summary(local)}")
+    print(f"  shared queue (no hosts)      {summary(shared)}")
     print(f"  hosted host (sandbox.<host>) {summary(hosted)}")
     print(f"  customer runner (HTTP)       {summary(runner_ms)}")
-    for name, data in (("hosted", hosted), ("runner", runner_ms)):
+    for name, data in (("shared", shared), ("hosted", hosted), ("runner", runner_ms)):
         print(f"  {name} adds p50 {statistics.median(data) - statistics.median(local):+.2f} ms, "
               f"p95 {pct(data, 0.95) - pct(local, 0.95):+.2f} ms over local "
               f"(x{statistics.median(data) / statistics.median(local):.2f} p50)")
