@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ from approvals_app.models import ApprovalRequest
 from hosts_app.models import AgentHostPolicy, RunnerResult, SessionPlacement
 from sessions_app.engine.commands import session_start, turn_submit
 from sessions_app.models import Artifact, Event, Step
-from tests.e2e.conftest import ROOT, Stack, World
+from tests.e2e.conftest import ROOT, SCREENSHOTS, Stack, World, login
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.waiting import wait_for
 
@@ -167,3 +168,20 @@ def test_runner_refuses_a_tampered_job_and_a_revoked_runner_is_refused(
     approve(world.reviewer, approval)
     assert httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 1}).status_code == 401
     assert Step.objects.get(turn=turn2, kind="tool").status == "approved"  # nobody fetched it
+
+
+def test_hosts_page_shows_each_host_with_status_load_and_self_test(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str], browser: Any) -> None:
+    procs, _token = runner_setup
+    stack.spawn("host", [sys.executable, "manage.py", "sandbox_host", "--name", "gpu-1", "--labels", "gpu,big",
+                         "--capacity", "16", "--concurrency", "1"])
+    procs.start()
+    wait_for(lambda: _online("cust-1") and _online("gpu-1"), 90, "a hosted host and a runner online")
+    page = login(browser, stack, world.operator.username, viewport={"width": 1400, "height": 520})
+    page.goto(f"{stack.url}/hosts/")
+    rows = page.locator("#hosts tbody tr")
+    assert rows.count() == 2
+    gpu, runner = page.locator("tr[data-host=gpu-1]"), page.locator("tr[data-host=cust-1]")
+    assert "online" in gpu.inner_text() and "gpu" in gpu.inner_text() and "ok · bubblewrap" in gpu.inner_text()
+    assert "runner · default" in runner.inner_text() and "online" in runner.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "hosts.png"), full_page=True)
