@@ -4,6 +4,8 @@ Installed in ``AppConfig.ready()``. Each answer starts from the session's placem
 session first if it has none yet (its first tick: ``session_pin`` picks the least loaded host).
 """
 
+import time
+
 import redis
 from django.conf import settings
 from django.utils import timezone
@@ -27,10 +29,27 @@ from sessions_app.models import AgentSession, Step
 CACHE = "_agentops_host"
 
 
+# With no host registered at all (one machine, no `sandbox_host` anywhere) a tick must not pay a
+# query for hosts: that answer is remembered for NO_HOSTS_SECONDS (a new host is used after that).
+NO_HOSTS_SECONDS = 2.0
+_no_hosts_until = 0.0
+
+
+def cache_clear() -> None:
+    global _no_hosts_until
+    _no_hosts_until = 0.0
+
+
 def host_of(session: AgentSession) -> SandboxHost | None:
     """The session's host, pinned now when it has none (cached on the instance for this tick)."""
+    global _no_hosts_until
     if not hasattr(session, CACHE):
-        setattr(session, CACHE, session_pin(session=session))
+        if time.monotonic() < _no_hosts_until:
+            return None  # no host exists, so no placement can (a placement protects its host)
+        pinned = session_pin(session=session)
+        if pinned is None and not SandboxHost.objects.exists():
+            _no_hosts_until = time.monotonic() + NO_HOSTS_SECONDS
+        setattr(session, CACHE, pinned)
     host: SandboxHost | None = getattr(session, CACHE)
     return host
 
