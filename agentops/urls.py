@@ -9,6 +9,7 @@ from approvals_app.api import router as approvals_router
 from hosts_app import views as host_views
 from hosts_app.api import router as hosts_router
 from hosts_app.runner_api import router as runner_router
+from mcp_app.api import router as mcp_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
@@ -17,6 +18,7 @@ api.add_router("", sessions_router)
 api.add_router("", approvals_router)
 api.add_router("", hosts_router)
 api.add_router("/runner", runner_router)
+api.add_router("", mcp_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),
