@@ -3,7 +3,8 @@
 Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
 OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne
 ($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
-with beat for the recovery sweeper) and the model gateway (the model calls,
+with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local)
+and the model gateway (the model calls,
 $AGENTOPS_GATEWAY_CONCURRENCY at once).
 """
 
@@ -95,9 +96,17 @@ def main() -> int:
             subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
             subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
                            check=True)
-            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
-                             "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
-                             "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
+            # The worker is also this machine's sandbox host "local" (queue sandbox.local): it registers
+            # and heartbeats, sessions are pinned to it, and every process here shares its workspaces.
+            local_host = env.get("AGENTOPS_SANDBOX_HOST") or "local"
+            worker = subprocess.Popen(
+                [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", f"engine,sandbox,sandbox.{local_host}",
+                 "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
+                 "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")],
+                cwd=ROOT, env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
+                start_new_session=True)
+            children.append(("worker", worker))
+            env["AGENTOPS_WORKSPACE_HOST"] = local_host
             spawn("gateway", [PY, "manage.py", "model_gateway"])
             # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
             # process is bound to one core by the GIL (agentops/webserve.py).
