@@ -24,8 +24,18 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers_common import (INSTRUCTIONS, TOOL_OUTPUT, Turn, floor_tables, script, serve, timed,  # noqa: E402
-                           tool_param, versions)
+from _peers_common import (  # noqa: E402
+    INSTRUCTIONS,
+    TOOL_OUTPUT,
+    Turn,
+    chat,
+    floor_tables,
+    script,
+    serve,
+    timed,
+    tool_param,
+    versions,
+)
 
 TURN_BUDGET_SECONDS = 300.0
 
@@ -79,6 +89,7 @@ def _django(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, di
     floor_tables(args.dsn, "peers_dj_")
 
     class FloorTurn(models.Model):
+        objects: Any = models.Manager()
         input = models.TextField()
         tool_calls = models.IntegerField(default=0)
         created_at = models.DateTimeField(default=timezone.now)
@@ -88,6 +99,7 @@ def _django(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, di
             db_table = "peers_dj_turn"
 
     class FloorStep(models.Model):
+        objects: Any = models.Manager()
         turn = models.ForeignKey(FloorTurn, on_delete=models.CASCADE, db_constraint=False)
         index = models.IntegerField()
         tool_name = models.TextField()
@@ -101,6 +113,7 @@ def _django(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, di
             db_table = "peers_dj_step"
 
     class FloorEvent(models.Model):
+        objects: Any = models.Manager()
         turn = models.ForeignKey(FloorTurn, on_delete=models.CASCADE, db_constraint=False)
         seq = models.IntegerField()
         type = models.TextField()
@@ -121,26 +134,24 @@ def _django(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, di
                                           {"role": "user", "content": user}]
         done = seq = 0
         while True:
-            reply = client.chat.completions.create(model="scripted", messages=messages,  # type: ignore[arg-type]
-                                                   tools=tools)  # type: ignore[arg-type]
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return done, message.content
-            for call in message.tool_calls:
-                arguments = json.loads(call.function.arguments or "{}")  # type: ignore[union-attr]
+            message = chat(client, messages, tools)
+            messages.append(message)
+            if not message.get("tool_calls"):
+                return done, message.get("content")
+            for call in message["tool_calls"]:
+                arguments = json.loads(call["function"]["arguments"] or "{}")
                 output = TOOL_OUTPUT
                 now = timezone.now()
                 with transaction.atomic():
-                    FloorStep.objects.create(turn=turn, index=done, tool_name=call.function.name,  # type: ignore[union-attr]
-                                             call_id=call.id, arguments=arguments, result={"output": output},
+                    FloorStep.objects.create(turn=turn, index=done, tool_name=call["function"]["name"],
+                                             call_id=call["id"], arguments=arguments, result={"output": output},
                                              created_at=now)
                     for kind, payload in (("tool.started", {"arguments": arguments}),
                                           ("tool.completed", {"output": output})):
                         FloorEvent.objects.create(turn=turn, seq=seq, type=kind, payload=payload, created_at=now)
                         seq += 1
                     FloorTurn.objects.filter(pk=turn.pk).update(tool_calls=F("tool_calls") + 1)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
                 done += 1
 
     def teardown() -> None:

@@ -3,7 +3,7 @@
 The agent loop is one durable workflow; every model call is a ``@DBOS.step`` (its reply is
 checkpointed: a real model's output is not deterministic, so replay needs it) and every tool call
 is a ``@DBOS.step``: 2N + 1 steps per turn. The model step calls the scripted model with the
-openai SDK (chat.completions.create). DBOS's system database is the benchmark's database. One
+openai SDK's transport (``_peers_common.chat``, as the floors). DBOS's system database is the benchmark's database. One
 fresh workflow id per turn, run synchronously in the calling thread.
 """
 
@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from _peers_common import INSTRUCTIONS, TOOL_OUTPUT, Turn, script, serve, timed, tool_param, versions
+from _peers_common import INSTRUCTIONS, TOOL_OUTPUT, Turn, chat, script, serve, timed, tool_param, versions
 
 
 def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict[str, str]]:
@@ -25,9 +25,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
 
     @DBOS.step()
     def model_step(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        reply = client.chat.completions.create(model="scripted", messages=messages,  # type: ignore[arg-type]
-                                               tools=tools)  # type: ignore[arg-type]
-        return reply.choices[0].message.model_dump(exclude_none=True)
+        return chat(client, messages, tools)
 
     @DBOS.step()
     def tool_step(name: str, arguments: str) -> str:
@@ -50,7 +48,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
 
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS dbos CASCADE")
-    DBOS(config={"name": "peers-bench", "system_database_url": args.dsn,  # type: ignore[typeddict-unknown-key]
+    DBOS(config={"name": "peers-bench", "system_database_url": args.dsn,
                  "log_level": "WARNING"})
     DBOS.launch()
 

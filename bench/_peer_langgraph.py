@@ -11,8 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from _peers_common import (INSTRUCTIONS, TOOL_DESCRIPTION, TOOL_OUTPUT, Turn, script, serve, timed,
-                           versions)
+from _peers_common import INSTRUCTIONS, TOOL_DESCRIPTION, TOOL_OUTPUT, Turn, script, serve, timed, versions
 
 
 def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict[str, str]]:
@@ -33,7 +32,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
     saver_cm = PostgresSaver.from_conn_string(args.dsn)
     saver = saver_cm.__enter__()
     saver.setup()
-    model = ChatOpenAI(model="scripted", base_url=args.model_url, api_key="not-needed",  # type: ignore[arg-type]
+    model = ChatOpenAI(model="scripted", base_url=args.model_url, api_key="not-needed",
                        max_retries=0, timeout=60).bind_tools([list_files])
 
     def call_model(state: MessagesState) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
     def run(n: int) -> tuple[int, Any]:
         config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 2 * n + 10}
         state = app.invoke({"messages": [SystemMessage(INSTRUCTIONS), HumanMessage(script(n))]},
-                           config)  # type: ignore[arg-type]
+                           config)
         messages = state["messages"]
         return sum(isinstance(m, ToolMessage) for m in messages), messages[-1].content
 

@@ -1,6 +1,6 @@
 """bench/peers.py child: the plain psycopg floor (runs in bench/.venv-peers).
 
-A loop in one process: model call (openai SDK, chat.completions.create, history in memory), the
+A loop in one process: model call (openai SDK transport, ``_peers_common.chat``, history in memory), the
 no-op tool, then per tool step one transaction of 4 statements on one psycopg 3 connection:
 INSERT the step (with its result), INSERT 2 events, UPDATE the turn's counter. The least a
 design that persists every step can write.
@@ -12,7 +12,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from _peers_common import INSTRUCTIONS, TOOL_OUTPUT, Turn, floor_tables, script, serve, timed, tool_param, versions
+from _peers_common import (
+    INSTRUCTIONS,
+    TOOL_OUTPUT,
+    Turn,
+    chat,
+    floor_tables,
+    script,
+    serve,
+    timed,
+    tool_param,
+    versions,
+)
 
 PREFIX = "peers_pg_"
 
@@ -37,20 +48,18 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
                                           {"role": "user", "content": user}]
         done = seq = 0
         while True:
-            reply = client.chat.completions.create(model="scripted", messages=messages,  # type: ignore[arg-type]
-                                                   tools=tools)  # type: ignore[arg-type]
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return done, message.content
-            for call in message.tool_calls:
-                arguments = json.loads(call.function.arguments or "{}")  # type: ignore[union-attr]
+            message = chat(client, messages, tools)
+            messages.append(message)
+            if not message.get("tool_calls"):
+                return done, message.get("content")
+            for call in message["tool_calls"]:
+                arguments = json.loads(call["function"]["arguments"] or "{}")
                 output = TOOL_OUTPUT
                 now = datetime.now(UTC)
                 with conn.transaction():
                     conn.execute(f"INSERT INTO {PREFIX}step (turn_id, index, tool_name, call_id, arguments, result,"
                                  " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                                 [turn_id, done, call.function.name, call.id,  # type: ignore[union-attr]
+                                 [turn_id, done, call["function"]["name"], call["id"],
                                   Jsonb(arguments), Jsonb({"output": output}), now])
                     for kind, payload in (("tool.started", {"arguments": arguments}),
                                           ("tool.completed", {"output": output})):
@@ -58,7 +67,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
                                      " VALUES (%s, %s, %s, %s, %s)", [turn_id, seq, kind, Jsonb(payload), now])
                         seq += 1
                     conn.execute(f"UPDATE {PREFIX}turn SET tool_calls = tool_calls + 1 WHERE id = %s", [turn_id])
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
                 done += 1
 
     def teardown() -> None:
@@ -66,7 +75,7 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
         client.close()
 
     about = ("plain loop + psycopg 3: per tool step 1 transaction (INSERT step, 2 INSERT event, UPDATE turn);"
-             " openai SDK chat.completions.create")
+             " openai SDK client.post (no create() transform)")
     return timed(run), teardown, about, versions("psycopg", "openai")
 
 

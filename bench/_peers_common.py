@@ -61,11 +61,26 @@ def tool_param() -> dict[str, Any]:
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 
 
+def chat(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """One non-streamed chat completion through the openai SDK's transport (``client.post``), the way
+    agentops's engine calls it (streamed there): ``chat.completions.create()`` first transforms the
+    request, walking the whole history on every call (≈ 150 ms a call at N = 400 on this machine),
+    a cost of that SDK method, not of persisting a step. The floors and DBOS (whose model call is the
+    user's own code) call the model this way; LangGraph and the Agents SDK through their own
+    OpenAI clients (ChatOpenAI, OpenAIChatCompletionsModel), which call ``create()``."""
+    from openai.types.chat import ChatCompletion
+
+    reply = client.post("/chat/completions", body={"model": "scripted", "messages": messages, "tools": tools},
+                        cast_to=ChatCompletion)
+    message: dict[str, Any] = reply.choices[0].message.model_dump(exclude_none=True)
+    return message
+
+
 def floor_tables(dsn: str, prefix: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(FLOOR_DDL.format(p=prefix))  # type: ignore[arg-type]
+        conn.execute(FLOOR_DDL.format(p=prefix))
 
 
 def versions(*packages: str) -> dict[str, str]:

@@ -35,8 +35,7 @@ class WalCounter:
 
         self.conn: Any = psycopg.connect(dsn, autocommit=True)
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        row = self.conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()
-        self.database_oid = int(row[0])
+        self.database_oid = int(self._one("SELECT oid FROM pg_database WHERE datname = current_database()"))
         # Other work on the server may write enough WAL for a checkpoint to recycle a window's
         # segments before they are read: a temporary physical slot (gone with this connection)
         # holds them; ``written`` moves it on past each window it has read.
@@ -44,7 +43,12 @@ class WalCounter:
         self.conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", [self.slot])
 
     def position(self) -> str:
-        return str(self.conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
+        return str(self._one("SELECT pg_current_wal_flush_lsn()"))
+
+    def _one(self, sql: str) -> Any:
+        row = self.conn.execute(sql).fetchone()
+        assert row is not None
+        return row[0]
 
     def written(self, start: str, end: str) -> Written:
         if start == end:

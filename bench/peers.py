@@ -25,12 +25,12 @@ transactions that wrote to this database. The tables show the median over the ro
 """
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -120,10 +120,8 @@ class Child:
 
     def stop(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -144,7 +142,7 @@ def database(url: str) -> str:
     admin = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
     with psycopg.connect(admin, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+            conn.execute(f'CREATE DATABASE "{name}"')
     return dsn
 
 
@@ -184,6 +182,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--systems", nargs="+", choices=[s.key for s in SYSTEMS], default=[s.key for s in SYSTEMS])
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children and the model server too
     systems = [s for s in SYSTEMS if s.key in args.systems]
     dsn = database(os.environ.get("DATABASE_URL") or DEFAULT_DSN)
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"agentops-bench-peers-{os.getpid()}"
