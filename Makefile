@@ -33,7 +33,7 @@ proof: $(STAMP)
 
 # agentops beside LangGraph, DBOS and the OpenAI Agents SDK on the same work and database (issue 13).
 # The peers get their own virtualenv from bench/peers-requirements.txt; DATABASE_URL names the
-# database (default postgres://postgres@127.0.0.1:5432/bench_peers). PEERS_ARGS: e.g. --rounds 3.
+# database (default postgres://postgres@127.0.0.1:5432/bench_peers). PEERS_ARGS: e.g. --rounds 5 --ns 200.
 PEERS_VENV := bench/.venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 

@@ -27,8 +27,8 @@ def report(*, systems: list[Any], samples: dict[tuple[str, int], list[dict[str, 
     print(f"  database   {dsn} (PostgreSQL {server}, synchronous_commit={sync}), the same one for every system")
     print(f"  model      scripted model server ({model_url}), one process, zero latency, over HTTP through each")
     print("             system's openai-SDK-based client (agentops's engine can only call a model over HTTP)")
-    print(f"  method     {rounds} rounds, the systems' order rotating; in each round every system runs one turn")
-    print("             per N; figures are medians over the rounds (min–max for ms/step)")
+    print(f"  method     N by N, up to {rounds} rounds, the systems' order rotating; in each round every system runs")
+    print("             one turn; figures are medians over the rounds (min–max for ms/step)")
     print("             ms/step = turn wall time / N; CPU = the system's whole process tree / N (the model")
     print("             server, PostgreSQL and agentops's polling driver excluded); commits and WAL bytes =")
     print("             this database's transactions")
@@ -52,7 +52,7 @@ def _median(samples: list[dict[str, float]], metric: str) -> float:
 def _table(systems: list[Any], samples: dict[tuple[str, int], list[dict[str, float]]], n: int) -> None:
     base = {m: _median(samples[("agentops", n)], m) for m in METRICS} if ("agentops", n) in samples else None
     print()
-    print(f"N = {n}")
+    print(f"N = {n} ({len(samples[(systems[0].key, n)])} rounds)")
     print(f"{'system':<38} {'ms/step':>8} {'min–max':>13} {'CPU ms':>7} {'commits':>8} {'WAL B':>8}"
           f" | {'agentops ÷ system:':<19}{'ms':>6} {'CPU':>6} {'commits':>8} {'WAL B':>6}")
     for system in systems:

@@ -15,9 +15,9 @@ client: agentops's real engine can only reach a model that way, so an in-process
 give the peers alone a cheaper model path.
 
 Each system runs in a child process of its own (bench/_peer_*.py), set up once and warmed up
-with one turn of N = 10; then rounds: in every round each N is run once by every system, the
-systems' order rotating from round to round. Per turn: wall ms (in the child; agentops:
-session_start → Turn.finished_at), CPU of the child's whole process tree (agentops: its worker,
+with one turn of N = 10; then, N by N, rounds: in every round every system runs one turn, the
+systems' order rotating from round to round. SIGTERM stops the run and reports what is done.
+Per turn: wall ms (in the child; agentops: session_start → Turn.finished_at), CPU of the child's whole process tree (agentops: its worker,
 model gateway and Redis, not the driver polling for the turn's end; the model server and
 PostgreSQL excluded for everyone), and,
 from the WAL between two positions (bench/_peers_wal.py), the commits and WAL bytes of the
@@ -50,7 +50,7 @@ from _peers_wal import WalCounter, tree_cpu_seconds  # noqa: E402
 DEFAULT_DSN = "postgres://postgres@127.0.0.1:5432/bench_peers"
 WARMUP_N = 10
 READY_TIMEOUT = 180.0
-TURN_TIMEOUT = 420.0
+TURN_TIMEOUT = 1800.0  # the Agents SDK took over 7 min for one turn of N = 400 at load average 16
 
 
 @dataclass
@@ -178,8 +178,8 @@ def measure(child: Child, wal: WalCounter, n: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ns", type=int, nargs="+", default=[50, 200, 400])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ns", type=int, nargs="+", default=[200, 50, 400], help="run in this order")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--systems", nargs="+", choices=[s.key for s in SYSTEMS], default=[s.key for s in SYSTEMS])
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children and the model server too
@@ -190,6 +190,8 @@ def main() -> None:
     wal = WalCounter(dsn)
     model, model_url = start_model(log_dir)
     children: list[Child] = []
+    samples: dict[tuple[str, int], list[dict[str, float]]] = {}
+    idle: Any = None
     ok = False
     try:
         for system in systems:  # one at a time: start-up is not measured, and not crowded
@@ -199,14 +201,20 @@ def main() -> None:
             system.about, system.versions = ready["about"], ready["versions"]
             child.turn(WARMUP_N)
         idle = _idle(wal)
-        samples: dict[tuple[str, int], list[dict[str, float]]] = {}
         started = time.monotonic()
-        for r in range(args.rounds):
-            for n in args.ns:
-                for child in children[r % len(children):] + children[:r % len(children)]:
-                    samples.setdefault((child.system.key, n), []).append(measure(child, wal, n))
-            print(f"  round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
-                  flush=True)
+        for n in args.ns:  # N by N, so that a run stopped early (SIGTERM) still reports whole Ns
+            for r in range(args.rounds):
+                done = [measure(child, wal, n) for child in children[r % len(children):] + children[:r % len(children)]]
+                for child, sample in zip(children[r % len(children):] + children[:r % len(children)], done,
+                                         strict=True):
+                    samples.setdefault((child.system.key, n), []).append(sample)
+                print(f"  N={n} round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)",
+                      file=sys.stderr, flush=True)
+        ok = True
+    except SystemExit as stop:
+        if stop.code != 143 or not samples:
+            raise
+        print("stopped (SIGTERM): the rounds done so far are reported", file=sys.stderr, flush=True)
         ok = True
     finally:
         for child in children:
@@ -222,8 +230,8 @@ def main() -> None:
             print(f"logs kept in {log_dir}", file=sys.stderr)
     from _peers_report import report
 
-    report(systems=systems, samples=samples, ns=args.ns, rounds=args.rounds, dsn=dsn, model_url=model_url,
-           idle=idle)
+    report(systems=systems, samples=samples, ns=sorted({n for _, n in samples}), rounds=args.rounds, dsn=dsn,
+           model_url=model_url, idle=idle)
 
 
 def _idle(wal: WalCounter) -> Any:
