@@ -17,11 +17,11 @@ give the peers alone a cheaper model path.
 Each system runs in a child process of its own (bench/_peer_*.py), set up once and warmed up
 with one turn of N = 10; then, N by N, rounds: in every round every system runs one turn, the
 systems' order rotating from round to round. SIGTERM stops the run and reports what is done.
-Per turn: wall ms (in the child; agentops: session_start → Turn.finished_at), CPU of the child's whole process tree (agentops: its worker,
-model gateway and Redis, not the driver polling for the turn's end; the model server and
-PostgreSQL excluded for everyone), and,
-from the WAL between two positions (bench/_peers_wal.py), the commits and WAL bytes of the
-transactions that wrote to this database. The tables show the median over the rounds.
+Per turn: wall ms (in the child; agentops: session_start → Turn.finished_at), CPU of the
+child's whole process tree (agentops: its worker, model gateway and Redis, not the driver polling
+for the turn's end; the model server and PostgreSQL excluded for everyone), and, from the WAL
+between two positions (bench/_peers_wal.py), the commits and WAL bytes of the transactions that
+wrote to this database. The tables show the median over the rounds.
 """
 
 import argparse
