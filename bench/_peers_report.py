@@ -31,8 +31,8 @@ def report(*, systems: list[Any], samples: dict[tuple[str, int], list[dict[str, 
     print("             one turn; figures are medians over the rounds (min–max for ms/step)")
     print("             ms/step = turn wall time / N; CPU = the system's whole process tree / N (the model")
     print("             server, PostgreSQL and agentops's polling driver excluded); commits and WAL bytes =")
-    print("             this database's transactions")
-    print("             in the WAL between the turn's start and end (pg_walinspect), full-page images left out")
+    print("             this database's transactions in the WAL between the turn's start and end")
+    print("             (pg_walinspect), full-page images left out")
     print(f"  idle       while no turn ran (2 s, every system set up): {idle.commits} commits, "
           f"{idle.wal_bytes} WAL bytes")
     for system in systems:
