@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "tools_app",
     "sessions_app",
     "approvals_app",
+    "mcp_app",
     "agentops",
 ]
 
