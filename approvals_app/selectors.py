@@ -6,12 +6,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Case, Count, IntegerField, Min, Q, QuerySet, Value, When
+from django.db.models import Case, Count, IntegerField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Value, When
 from django.utils import timezone
 
 from agentops.domain import NotFound
 from agentops.teams import scope
-from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest, ApprovalVote, VoteDecision
 
 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
@@ -24,12 +24,14 @@ def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
 
 
 def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
-    """An approval of the user's teams with everything its decision page shows (one query);
+    """An approval of the user's teams with everything its decision page shows (two queries: the
+    request, its votes);
     NotFound otherwise."""
     try:
         return (scope(ApprovalRequest.objects.all(), user)
                 .select_related("session__agent", "session__owner", "turn__created_by", "step", "decided_by",
-                                "edited_by")
+                                "edited_by", "claimed_by", "reviewer_group")
+                .prefetch_related(Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer")))
                 .get(request_id=uuid.UUID(str(request_id))))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
@@ -58,6 +60,10 @@ def approvals_list(*, user: Any, status: str | None = None, session: str | None 
 RISK_ORDER = Case(When(risk="high", then=Value(2)), When(risk="medium", then=Value(1)), default=Value(0),
                   output_field=IntegerField())
 CLAIM_FILTERS = ("all", "mine", "unassigned")
+# The approvals a request has so far (a subquery: the queue stays one query).
+APPROVALS_GIVEN = Subquery(ApprovalVote.objects.filter(request=OuterRef("pk"), decision=VoteDecision.APPROVE)
+                           .order_by().values("request").annotate(n=Count("id")).values("n")[:1],
+                           output_field=IntegerField())
 
 
 def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
@@ -81,12 +87,12 @@ def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: s
         qs = qs.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=now))
     if order == "risk":
         qs = qs.order_by("-priority", RISK_ORDER.desc(), "created_at", "id")
-        return list(qs.select_related("session__owner", "turn").prefetch_related("votes")[:limit])
+        return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
     if after is not None:
         created, pk = after
         qs = (qs.filter(Q(created_at__gt=created) | Q(created_at=created, id__gt=pk)) if oldest_first
               else qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk)))
-    return list(qs.select_related("session__owner", "turn").prefetch_related("votes")[:limit])
+    return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
 
 
 def identical_pending_groups(*, user: Any, min_size: int = 2) -> list[dict[str, Any]]:
@@ -105,11 +111,6 @@ def pending_identical(*, user: Any, tool: str, arguments_sha256: str, policy_id:
                                               tool_name=tool, arguments_sha256=arguments_sha256), user)
     qs = qs.filter(policy__isnull=True) if policy_id is None else qs.filter(policy_id=policy_id)
     return list(qs.select_related("session__agent", "session__owner").order_by("created_at", "id")[:500])
-
-
-def votes_of(approval: ApprovalRequest) -> list[Any]:
-    """A request's votes, oldest first, with the reviewers. One query."""
-    return list(approval.votes.select_related("reviewer").order_by("created_at", "id"))
 
 
 def queue_tools(*, user: Any) -> list[str]:
@@ -137,7 +138,7 @@ def approvals_by_request_id(request_ids: Iterable[Any]) -> dict[str, ApprovalReq
         return {}
     rows = (ApprovalRequest.objects.filter(request_id__in=ids)
             .select_related("session__agent", "session__owner", "turn", "claimed_by", "reviewer_group")
-            .prefetch_related("votes__reviewer"))
+            .annotate(approvals_given=APPROVALS_GIVEN).prefetch_related("votes__reviewer"))
     return {str(a.request_id): a for a in rows}
 
 

@@ -100,7 +100,7 @@ def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "
         "nav": "approvals", "approval": approval, "now": timezone.now(), "error": error,
         "error_details": error_details or [], "edit_open": edit_form is not None,
         "can_decide": four_eyes_refusal(approval, request.user) is None,
-        "audit": selectors.audit_of(approval.request_id), "votes": selectors.votes_of(approval),
+        "audit": selectors.audit_of(approval.request_id), 
         "presence_token": presence_token(approval),
         "edit_form": edit_form or ApprovalEditForm(schema, approval.arguments),
         "limits": _run_command_limits(approval, tool.timeout_seconds if tool else None)
