@@ -9,9 +9,9 @@ from agentops.domain import InvalidArguments
 from approvals_app.conditions import conditions_errors, conditions_hold
 from approvals_app.policies import approval_policy_resolve
 from tests import factories
-from tools_app.services import tool_definitions_seed
 from tests.approvals_app.review_helpers import pending, policy
 from tests.helpers import login
+from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,8 @@ def test_policy_resolution_table() -> None:
     rm = policy(name="rm", team=team, tool_name="run_command",
                 conditions=[{"path": "command", "op": "matches", "value": r"^rm\b"}], required_approvals=3)
     policy(name="disabled", team=team, tool_name="run_command", agent=other_agent, enabled=False)
-    big = policy(name="big payment", tool_name="pay", conditions=[{"path": "payment.amount", "op": "gt", "value": 1000}])
+    big = policy(name="big payment", tool_name="pay",
+                 conditions=[{"path": "payment.amount", "op": "gt", "value": 1000}])
     host = policy(name="example host", tool_name="http_request",
                   conditions=[{"path": "url", "op": "host_in", "value": ["example.com"]}])
     table: list[tuple[Any, Any, str, Any, Any]] = [
@@ -86,8 +87,9 @@ def test_quorum_outside_its_range_is_refused() -> None:
 
 def test_conditions_evaluate_every_operator() -> None:
     args = {"n": 5, "s": "deploy prod", "l": ["a", "b"], "u": "http://Sub.Example.com:8080/p", "nested": [{"k": 1}]}
-    holds = [("n", "eq", 5), ("n", "ne", 4), ("n", "gte", 5), ("n", "lt", 6), ("n", "lte", 5), ("s", "matches", "prod$"),
-             ("s", "contains", "ploy"), ("l", "contains", "b"), ("u", "host_in", ["example.com"]), ("nested.0.k", "eq", 1)]
+    holds = [("n", "eq", 5), ("n", "ne", 4), ("n", "gte", 5), ("n", "lt", 6), ("n", "lte", 5),
+             ("s", "matches", "prod$"), ("s", "contains", "ploy"), ("l", "contains", "b"),
+             ("u", "host_in", ["example.com"]), ("nested.0.k", "eq", 1)]
     fails = [("n", "gt", 5), ("s", "gt", 1), ("s", "matches", "^prod"), ("l", "contains", "c"),
              ("u", "host_in", ["ample.com"]), ("nested.1.k", "eq", 1), ("missing", "ne", 1)]
     for path, op, value in holds:
