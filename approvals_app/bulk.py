@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
-from agentops.domain import DomainError, InvalidArguments
+from agentops.domain import DomainError, InvalidArguments, NotFound
 from agentops.teams import scope
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
@@ -30,7 +30,7 @@ def approval_bulk_approve(*, request_ids: list[Any], actor: User, arguments_sha2
         raise InvalidArguments("Request ids are UUIDs.", details={"field": "request_ids"}) from exc
     rows = list(scope(ApprovalRequest.objects.filter(request_id__in=keys), actor))  # other teams' look missing
     if len(rows) != len(keys):
-        raise InvalidArguments("Some requests do not exist.", code="unknown_requests",
+        raise NotFound("Some requests do not exist.", code="unknown_requests",
                                details={"missing": sorted(str(k) for k in set(keys) - {r.request_id for r in rows})})
     shapes = {(r.kind, r.tool_name, r.arguments_sha256, r.policy_id) for r in rows}
     if len(shapes) != 1 or next(iter(shapes))[0] != ApprovalRequest.Kind.TOOL:

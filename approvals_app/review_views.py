@@ -6,11 +6,12 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from agentops.domain import DomainError, NotFound
+from agentops.domain import DomainError, NotFound, PermissionDenied
 from agentops.http import HtmxHttpRequest
 from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, require_perm
 from approvals_app import selectors
@@ -26,6 +27,8 @@ def _visible(request: HtmxHttpRequest, request_id: UUID) -> None:
 
 
 def _answer(request: HtmxHttpRequest, request_id: UUID, exc: DomainError | None, done: str) -> HttpResponse:
+    if isinstance(exc, PermissionDenied) and not request.htmx:
+        raise DjangoPermissionDenied(exc.message)
     if request.htmx:
         return HttpResponse(exc.message if exc else done, status=exc.status if exc else 200, content_type="text/plain")
     if exc is not None:
