@@ -160,8 +160,10 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
     if decided.status == ApprovalRequest.Status.PENDING:  # a vote short of the quorum
         note = f"Your approval is recorded; {decided.required_approvals} distinct approvals are required."
         if from_queue:
-            return render(request, "dashboard/_queue_item.html", {"approval": decided, "can_decide": True,
-                                                                  "error": note})
+            fresh = selectors.approvals_by_request_id([request_id])[str(request_id)]
+            response = render(request, "dashboard/_queue_item.html", {"approval": fresh, "can_decide": True,
+                                                                      "error": note})
+            return reswap(retarget(response, f"#approval-{request_id}"), "outerHTML")
         messages.success(request, note)
         return redirect("approval_detail", request_id=request_id)
     if from_queue:

@@ -229,7 +229,7 @@
     for (var i = 0; i < els.length; i++) {
       var seen = viewers[els[i].getAttribute("data-presence-for")] || {};
       var names = Object.keys(seen).filter(function (u) { return seen[u] > now; }).sort();
-      els[i].textContent = names.length ? "\uD83D\uDC41 viewing: " + names.join(", ") : "";
+      els[i].textContent = names.length ? "viewing: " + names.join(", ") : "";
     }
   }
 
