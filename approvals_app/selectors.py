@@ -17,7 +17,7 @@ from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest, 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
     """A request of the user's teams; NotFound otherwise."""
     try:
-        qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session"), user)
+        qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "claimed_by"), user)
         return qs.get(request_id=uuid.UUID(str(request_id)))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
@@ -40,7 +40,8 @@ def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
 def approvals_list(*, user: Any, status: str | None = None, session: str | None = None, tool: str | None = None,
                    agent: str | None = None, risk: str | None = None,
                    oldest_first: bool = False) -> "QuerySet[ApprovalRequest]":
-    qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "session__agent"), user)
+    qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "session__agent",
+                                                      "claimed_by"), user)
     if status:
         qs = qs.filter(status=status)
     if session:

@@ -19,7 +19,8 @@ class DeliveryAttemptInline(admin.TabularInline):
     model = DeliveryAttempt
     extra = 0
     can_delete = False
-    fields = readonly_fields = ["attempt", "ok", "status_code", "error", "duration_ms", "created_at"]
+    fields = ("attempt", "ok", "status_code", "error", "duration_ms", "created_at")
+    readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -114,3 +114,23 @@ def test_concurrent_approvals_reach_the_quorum_once() -> None:
     assert statuses == ["approved", "approved", "pending"]
     assert ApprovalVote.objects.filter(request=approval).count() == 2
     assert Event.objects.filter(step_id=approval.step_id, type="approval.decided").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_api_shows_the_policy_quorum_and_claim_and_votes_through_decisions() -> None:
+    from approvals_app.assignment import approval_claim
+    from tests.helpers import api_client
+
+    first, second = reviewers(2)
+    approval = _two_of_two(name="two for commands")
+    approval_claim(request_id=approval.request_id, actor=first)
+    client = api_client(first)
+    body = client.get(f"/api/approvals/{approval.request_id}").json()
+    assert (body["required_approvals"], body["claimed_by"], body["priority"]) == (2, first.username, 0)
+    assert "two for commands" in body["policy"]
+    decide = {"decision": "approve", "arguments_sha256": approval.arguments_sha256}
+    voted = client.post(f"/api/approvals/{approval.request_id}/decision", decide, content_type="application/json")
+    assert voted.status_code == 200 and voted.json()["status"] == "pending"
+    done = api_client(second).post(f"/api/approvals/{approval.request_id}/decision", decide,
+                                   content_type="application/json")
+    assert done.status_code == 200 and done.json()["status"] == "approved" and done.json()["claimed_by"] is None
