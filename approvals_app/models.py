@@ -127,8 +127,8 @@ class ApprovalRequest(StateMachine, models.Model):
     @property
     def claim_live(self) -> bool:
         """Someone holds a claim that has not lapsed, on a request still pending."""
-        return (self.status == ApprovalStatus.PENDING and self.claimed_by_id is not None and self.claimed_until is not None
-                and self.claimed_until > timezone.now())
+        return (self.status == ApprovalStatus.PENDING and self.claimed_by_id is not None
+                and self.claimed_until is not None and self.claimed_until > timezone.now())
 
     @property
     def effective_arguments(self) -> dict[str, object]:

@@ -105,7 +105,8 @@ def backoff_seconds(attempts: int) -> float:
 @transaction.atomic
 def _claim(delivery_pk: int, now: datetime) -> Delivery | None:
     """Take a due delivery: its next attempt moves a lease ahead, so a concurrent sender skips it."""
-    delivery = (Delivery.objects.select_for_update(skip_locked=True).select_related("endpoint", "recipient")
+    delivery = (Delivery.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("endpoint", "recipient")
                 .filter(pk=delivery_pk, status=Delivery.Status.PENDING, next_attempt_at__lte=now).first())
     if delivery is None:
         return None
