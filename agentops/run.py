@@ -1,9 +1,10 @@
 """`make run`: the whole product on one machine, one URL printed, every child stopped on exit.
 
 Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
-OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne, a Celery
-worker (ticks and commands, with beat for the recovery sweeper) and the model gateway (the model
-calls, $AGENTOPS_GATEWAY_CONCURRENCY at once).
+OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne
+($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
+with beat for the recovery sweeper) and the model gateway (the model calls,
+$AGENTOPS_GATEWAY_CONCURRENCY at once).
 """
 
 import os
@@ -17,6 +18,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from agentops import webserve
 from agentops.embedded_redis import embedded_redis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,8 +69,8 @@ def main() -> int:
             print(f"embedded Redis at {env['REDIS_URL']} (set REDIS_URL to use your own)")
         model_url = ""
 
-        def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
-            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+        def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, pass_fds=pass_fds)
             children.append((name, proc))
             return proc
 
@@ -100,11 +102,11 @@ def main() -> int:
                              "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
                              "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
             spawn("gateway", [PY, "manage.py", "model_gateway"])
-            # A listen backlog for bursts (twisted's default is 50) and a WebSocket handshake window
-            # wider than daphne's 5 s, which a busy process misses (it then resets the client).
-            web = spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={port}:interface={host}:backlog=1024",
-                                "--websocket_connect_timeout", "30", "agentops.asgi:application"])
-            wait_port(port, web, "daphne")
+            # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
+            # process is bound to one core by the GIL (agentops/webserve.py).
+            sock = stack.enter_context(webserve.listen(host, port))
+            for n in range(webserve.web_processes()):
+                spawn(f"web {n + 1}", webserve.daphne_command(PY, sock), pass_fds=(sock.fileno(),))
             _wait_healthy(port)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"make run failed: {exc}", file=sys.stderr)
