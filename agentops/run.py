@@ -60,6 +60,9 @@ def main() -> int:
     env = dict(os.environ)
     # A local demo: the development secret key and the demo users are allowed (agentops/settings.py).
     env.setdefault("AGENTOPS_DEMO", "1")
+    # Reviewer notifications (issue 17): emails land as files in var/mail; links point here.
+    env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+    env.setdefault("AGENTOPS_PUBLIC_URL", f"http://{host}:{port}")
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     with ExitStack() as stack:
         if not env.get("REDIS_URL"):

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "tools_app",
     "sessions_app",
     "approvals_app",
+    "notify_app",
     "mcp_app",
     "hosts_app",
     "agentops",
@@ -174,6 +175,9 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.turn_kick_task": {"queue": "engine"},
     "sessions_app.tasks.retention_sweep_task": {"queue": "engine"},
     "hosts_app.tasks.host_sweep_task": {"queue": "engine"},
+    "approvals_app.tasks.review_sweep_task": {"queue": "engine"},
+    "notify_app.tasks.delivery_send_task": {"queue": "engine"},
+    "notify_app.tasks.outbox_sweep_task": {"queue": "engine"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
@@ -182,6 +186,10 @@ CELERY_BEAT_SCHEDULE = {
                    "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
     "retention-sweep": {"task": "sessions_app.tasks.retention_sweep_task",
                         "schedule": env.float("AGENTOPS_RETENTION_SWEEP_SECONDS", default=3600.0)},
+    "review-sweep": {"task": "approvals_app.tasks.review_sweep_task",
+                     "schedule": env.float("AGENTOPS_REVIEW_SWEEP_SECONDS", default=10.0)},
+    "outbox-sweep": {"task": "notify_app.tasks.outbox_sweep_task",
+                     "schedule": env.float("AGENTOPS_REVIEW_SWEEP_SECONDS", default=10.0)},
 }
 
 # agentops
@@ -219,6 +227,23 @@ AGENTOPS_STREAM_RECHECK_SECONDS = env.float("AGENTOPS_STREAM_RECHECK_SECONDS", d
 AGENTOPS_STREAM_MAX_SECONDS = env.float("AGENTOPS_STREAM_MAX_SECONDS", default=3600.0)
 AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE", default=60)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
+# The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
+# (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.
+AGENTOPS_CLAIM_SECONDS = env.int("AGENTOPS_CLAIM_SECONDS", default=15 * 60)
+AGENTOPS_REVIEW_SWEEP_SECONDS = env.float("AGENTOPS_REVIEW_SWEEP_SECONDS", default=10.0)
+# Notifications (notify_app): links in emails and webhooks point at AGENTOPS_PUBLIC_URL; a failed
+# delivery is retried after base × 2^(n-1) seconds (capped), at most AGENTOPS_NOTIFY_MAX_ATTEMPTS
+# times; an email's one-time link is valid AGENTOPS_NOTIFY_LINK_SECONDS. Email goes through
+# Django's EMAIL_BACKEND (console by default; make run writes files under var/mail).
+AGENTOPS_PUBLIC_URL = env.str("AGENTOPS_PUBLIC_URL", default="http://127.0.0.1:8000")
+AGENTOPS_NOTIFY_BACKOFF_SECONDS = env.float("AGENTOPS_NOTIFY_BACKOFF_SECONDS", default=10.0)
+AGENTOPS_NOTIFY_BACKOFF_MAX_SECONDS = env.float("AGENTOPS_NOTIFY_BACKOFF_MAX_SECONDS", default=3600.0)
+AGENTOPS_NOTIFY_MAX_ATTEMPTS = env.int("AGENTOPS_NOTIFY_MAX_ATTEMPTS", default=8)
+AGENTOPS_NOTIFY_TIMEOUT_SECONDS = env.float("AGENTOPS_NOTIFY_TIMEOUT_SECONDS", default=10.0)
+AGENTOPS_NOTIFY_LINK_SECONDS = env.int("AGENTOPS_NOTIFY_LINK_SECONDS", default=7 * 24 * 3600)
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(BASE_DIR / "var" / "mail"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agentops@localhost")
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # The sweeper's kicks of quiet turns (a wake-up lost in a Redis blip): only turns with nothing in
 # flight and no event for this long, at most this many per sweep, none while the engine queue is

@@ -4,12 +4,14 @@ from django.urls import path
 
 from agentops import health
 from agentops.api import api
+from approvals_app import review_views
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
 from hosts_app import views as host_views
 from hosts_app.api import router as hosts_router
 from hosts_app.runner_api import router as runner_router
 from mcp_app.api import router as mcp_router
+from notify_app import views as notify_views
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
@@ -45,6 +47,10 @@ urlpatterns = [
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),
+    path("approvals/<uuid:request_id>/claim/", review_views.approval_claim_view, name="approval_claim"),
+    path("approvals/<uuid:request_id>/release/", review_views.approval_release_view, name="approval_release"),
+    path("approvals/bulk/", review_views.approval_bulk_view, name="approval_bulk"),
+    path("approvals/link/<str:token>/", notify_views.notify_link_view, name="notify_link"),
     path("grants/<int:grant_id>/revoke/", approval_views.grant_revoke_view, name="grant_revoke"),
     path("hosts/", host_views.host_list_view, name="host_list"),
 ]

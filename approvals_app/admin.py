@@ -4,7 +4,7 @@ from django.http import HttpRequest
 
 from agentops.admin import ReadOnlyAdmin
 from agentops.domain import DomainError
-from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalPolicy, ApprovalRequest, ApprovalVote
 from approvals_app.services import grant_revoke
 
 
@@ -43,3 +43,24 @@ class ApprovalAuditAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "request_id", "action", "actor_username", "team_id"]
     list_filter = ["action"]
     search_fields = ["request_id", "session_id", "actor_username"]
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(admin.ModelAdmin):
+    """Admins manage policies here; the form validates the conditions (``ApprovalPolicy.clean``)."""
+
+    list_display = ["name", "enabled", "team", "agent", "tool_name", "mode", "risk", "required_approvals",
+                    "reviewer_group", "ttl_seconds", "escalate_before_seconds", "position"]
+    list_filter = ["enabled", "mode", "risk", "team"]
+    search_fields = ["name", "tool_name"]
+    list_select_related = ["team", "agent", "reviewer_group"]
+    fields = ["name", "enabled", "team", "agent", "tool_name", "conditions", "position", "mode", "risk",
+              "required_approvals", "reviewer_group", "ttl_seconds", "escalation_group", "escalate_before_seconds",
+              "omit_arguments"]
+
+
+@admin.register(ApprovalVote)
+class ApprovalVoteAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "request", "reviewer", "decision"]
+    list_filter = ["decision"]
+    list_select_related = ["request", "reviewer"]

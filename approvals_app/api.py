@@ -28,7 +28,10 @@ def approval_out(a: ApprovalRequest) -> dict[str, Any]:
         "decided_by": a.decided_by.get_username() if a.decided_by else None, "decided_at": a.decided_at,
         "reason": a.reason, "edited_arguments": a.edited_arguments,
         "edited_by": a.edited_by.get_username() if a.edited_by else None, "remember": a.remember,
-        "expires_at": a.expires_at, "created_at": a.created_at,
+        "expires_at": a.expires_at, "created_at": a.created_at, "policy": a.policy_reason,
+        "required_approvals": a.required_approvals, "priority": a.priority,
+        "claimed_by": a.claimed_by.get_username() if a.claim_live and a.claimed_by else None,
+        "claimed_until": a.claimed_until if a.claim_live else None,
     }
 
 

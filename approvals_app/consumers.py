@@ -17,6 +17,7 @@ from agentops.models import Team
 from agentops.permissions import VIEW_APPROVALS, has_perm
 from agentops.streamaccess import Watchdog, credential_of_scope
 from agentops.teams import team_ids
+from approvals_app.presence import PRESENCE_SECONDS, presence_load
 from sessions_app import selectors
 from sessions_app.announce import approvals_group, unbatch
 from sessions_app.fragments import render_event_fragments
@@ -80,9 +81,14 @@ class ApprovalsConsumer(JsonConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """``{"type": "hello", "since": ISO-8601}``: the events since then, then live ones."""
+        """``{"type": "hello", "since": ISO-8601}``: the events since then, then live ones.
+        ``{"type": "viewing", "token": ...}``: tell the team's reviewers who looks at a request."""
+        if content.get("type") == "viewing":
+            await self._viewing(content.get("token"))
+            return
         if content.get("type") != "hello":
-            raise BadMessage(f"Unknown message type {str(content.get('type'))[:40]!r}.", details={"allowed": ["hello"]})
+            raise BadMessage(f"Unknown message type {str(content.get('type'))[:40]!r}.",
+                             details={"allowed": ["hello", "viewing"]})
         if self.ready:
             raise BadMessage("hello was already sent on this connection.", code="already_started")
         since = _since(content.get("since"))
@@ -94,6 +100,22 @@ class ApprovalsConsumer(JsonConsumer):
             if len(messages) < BACKLOG_PAGE:
                 break
         self.ready = True
+
+    async def _viewing(self, token: Any) -> None:
+        loaded = presence_load(token)
+        if loaded is None:
+            raise BadMessage("Invalid presence token.", code="invalid_arguments", details={"field": "token"})
+        request_id, team_id = loaded
+        group = approvals_group(team_id)
+        if group not in self.groups_joined:
+            raise BadMessage("Not a request of your teams.", code="not_found")
+        await self.channel_layer.group_send(group, {"type": "presence.message", "request_id": request_id,
+                                                    "user": self.scope["user"].get_username(),
+                                                    "ttl": PRESENCE_SECONDS})
+
+    async def presence_message(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "presence", "request_id": message["request_id"], "user": message["user"],
+                              "ttl": message["ttl"]})
 
     async def event_message(self, message: dict[str, Any]) -> None:
         if self.ready:  # earlier messages are in the hello's backlog

@@ -4,12 +4,14 @@ import uuid
 from typing import ClassVar
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from agentops.domain import StateMachine, status_constraint
 from agentops.models import Team
-from sessions_app.models import AgentSession, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Step, Turn
 from tools_app.models import ApprovalMode
 
 
@@ -84,6 +86,20 @@ class ApprovalRequest(StateMachine, models.Model):
     remember = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)
+    # The policy that applied (a snapshot: editing the policy later changes no open request).
+    policy = models.ForeignKey("ApprovalPolicy", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    policy_reason = models.TextField(blank=True)
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    reviewer_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    escalation_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    omit_arguments = models.BooleanField(default=False, help_text="Notifications leave the arguments out.")
+    # An advisory claim: others see who is on it; it lapses at claimed_until.
+    claimed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    claimed_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -97,10 +113,22 @@ class ApprovalRequest(StateMachine, models.Model):
             models.UniqueConstraint(fields=["step", "kind"], condition=Q(status=ApprovalStatus.PENDING),
                                     name="approvalrequest_one_pending_per_step"),
         ]
-        indexes = [models.Index(fields=["status", "created_at"], name="approval_queue_idx")]
+        indexes = [models.Index(fields=["status", "created_at"], name="approval_queue_idx"),
+                   models.Index(fields=["status", "escalate_at"], name="approval_escalate_idx")]
 
     def __str__(self) -> str:
         return f"{self.tool_name} ({self.status}) {self.request_id}"
+
+    @property
+    def approve_votes(self) -> list["ApprovalVote"]:
+        """The approvals cast so far (from a prefetch when the caller made one)."""
+        return [v for v in self.votes.all() if v.decision == VoteDecision.APPROVE]
+
+    @property
+    def claim_live(self) -> bool:
+        """Someone holds a claim that has not lapsed, on a request still pending."""
+        return (self.status == ApprovalStatus.PENDING and self.claimed_by_id is not None
+                and self.claimed_until is not None and self.claimed_until > timezone.now())
 
     @property
     def effective_arguments(self) -> dict[str, object]:
@@ -145,6 +173,92 @@ class ApprovalGrant(models.Model):
         return f"{self.tool_name} for {self.session_id}"
 
 
+class RiskLevel(models.TextChoices):
+    LOW = "low", "Low"
+    MEDIUM = "medium", "Medium"
+    HIGH = "high", "High"
+
+
+RISK_RANK = {RiskLevel.LOW: 0, RiskLevel.MEDIUM: 1, RiskLevel.HIGH: 2}
+
+
+class ApprovalPolicy(models.Model):
+    """How one (team, agent, tool) is reviewed. Empty team, agent or tool: any. When several
+    enabled policies match a call, the most specific wins (agent, then tool, then team, then
+    argument conditions; then the lower ``position``). Conditions: a JSON list of
+    ``{"path", "op", "value"}`` that must all hold (``approvals_app/conditions.py``)."""
+
+    name = models.CharField(max_length=120)
+    enabled = models.BooleanField(default=True)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(AgentProfile, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    tool_name = models.CharField(max_length=64, blank=True)
+    conditions = models.JSONField(default=list, blank=True)
+    position = models.PositiveIntegerField(default=100, help_text="Breaks ties: lower first.")
+    mode = models.CharField(max_length=16, choices=ApprovalMode.choices, default=ApprovalMode.MUTATING)
+    risk = models.CharField(max_length=8, choices=RiskLevel.choices, default=RiskLevel.HIGH)
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    reviewer_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                       help_text="Only its members may decide (empty: the team's reviewers).")
+    ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    escalation_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    escalate_before_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Escalate this long before the request expires.")
+    omit_arguments = models.BooleanField(default=False, help_text="Notifications leave the arguments out.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["position", "id"]
+        verbose_name_plural = "approval policies"
+        constraints = [
+            models.CheckConstraint(condition=Q(required_approvals__gte=1) & Q(required_approvals__lte=10),
+                                   name="approvalpolicy_quorum_range"),
+            status_constraint("approvalpolicy", RiskLevel, field="risk"),
+            status_constraint("approvalpolicy", ApprovalMode, field="mode"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """Refuse conditions the evaluator would not understand (the admin's form calls this)."""
+        from django.core.exceptions import ValidationError
+
+        from approvals_app.conditions import conditions_errors
+        errors = conditions_errors(self.conditions)
+        if errors:
+            raise ValidationError({"conditions": errors})
+
+
+class VoteDecision(models.TextChoices):
+    APPROVE = "approve", "Approve"
+    REJECT = "reject", "Reject"
+
+
+class ApprovalVote(models.Model):
+    """One reviewer's decision on a request: a quorum counts the distinct approvers."""
+
+    Decision = VoteDecision
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decision = models.CharField(max_length=16, choices=VoteDecision.choices)
+    reason = models.TextField(blank=True)
+    seen_sha256 = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "reviewer"], name="approvalvote_one_per_reviewer"),
+            status_constraint("approvalvote", VoteDecision, field="decision"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer_id} {self.decision} {self.request_id}"
+
+
 class AuditAction(models.TextChoices):
     VIEWED = "viewed", "Opened the request's page"
     DECIDED = "decided", "Decided"
@@ -152,6 +266,10 @@ class AuditAction(models.TextChoices):
     REFUSED = "refused", "Was refused a decision"
     GRANT_USED = "grant_used", "A grant let the call run"
     GRANT_REVOKED = "grant_revoked", "Revoked a grant"
+    VOTED = "voted", "Approved (the quorum is not reached yet)"
+    CLAIMED = "claimed", "Claimed"
+    RELEASED = "released", "Released a claim"
+    ESCALATED = "escalated", "Escalated"
 
 
 class ApprovalAudit(models.Model):

@@ -40,6 +40,12 @@ class ApprovalOut(Schema):
     remember: bool
     expires_at: datetime | None
     created_at: datetime
+    # The reviewer's workflow (issue 17): the policy that applied and why, its quorum, the live claim.
+    policy: str
+    required_approvals: int
+    priority: int
+    claimed_by: str | None
+    claimed_until: datetime | None
 
 
 class ApprovalPageOut(Schema):

@@ -6,30 +6,32 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Case, Count, IntegerField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Value, When
 from django.utils import timezone
 
 from agentops.domain import NotFound
 from agentops.teams import scope
-from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest, ApprovalVote, VoteDecision
 
 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
     """A request of the user's teams; NotFound otherwise."""
     try:
-        qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session"), user)
+        qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "claimed_by"), user)
         return qs.get(request_id=uuid.UUID(str(request_id)))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
 
 
 def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
-    """An approval of the user's teams with everything its decision page shows (one query);
+    """An approval of the user's teams with everything its decision page shows (two queries: the
+    request, its votes);
     NotFound otherwise."""
     try:
         return (scope(ApprovalRequest.objects.all(), user)
                 .select_related("session__agent", "session__owner", "turn__created_by", "step", "decided_by",
-                                "edited_by")
+                                "edited_by", "claimed_by", "reviewer_group")
+                .prefetch_related(Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer")))
                 .get(request_id=uuid.UUID(str(request_id))))
     except (ValueError, ApprovalRequest.DoesNotExist) as exc:
         raise NotFound(f"No approval request {request_id}") from exc
@@ -38,7 +40,8 @@ def approval_get_for_page(request_id: Any, *, user: Any) -> ApprovalRequest:
 def approvals_list(*, user: Any, status: str | None = None, session: str | None = None, tool: str | None = None,
                    agent: str | None = None, risk: str | None = None,
                    oldest_first: bool = False) -> "QuerySet[ApprovalRequest]":
-    qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "session__agent"), user)
+    qs = scope(ApprovalRequest.objects.select_related("decided_by", "edited_by", "session", "session__agent",
+                                                      "claimed_by"), user)
     if status:
         qs = qs.filter(status=status)
     if session:
@@ -55,23 +58,60 @@ def approvals_list(*, user: Any, status: str | None = None, session: str | None 
     return qs.order_by(*(["created_at", "id"] if oldest_first else ["-created_at", "-id"]))
 
 
+RISK_ORDER = Case(When(risk="high", then=Value(2)), When(risk="medium", then=Value(1)), default=Value(0),
+                  output_field=IntegerField())
+CLAIM_FILTERS = ("all", "mine", "unassigned")
+# The approvals a request has so far (a subquery: the queue stays one query).
+APPROVALS_GIVEN = Subquery(ApprovalVote.objects.filter(request=OuterRef("pk"), decision=VoteDecision.APPROVE)
+                           .order_by().values("request").annotate(n=Count("id")).values("n")[:1],
+                           output_field=IntegerField())
+
+
 def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: str = "", risk: str = "",
-                   limit: int = 100, after: tuple[datetime, int] | None = None) -> list[ApprovalRequest]:
-    """The pending requests of the user's teams with their session, agent, owner and turn, at most
-    ``limit``; the next page starts ``after`` the (created_at, id) of the previous page's last
-    request. One query.
+                   limit: int = 100, after: tuple[datetime, int] | None = None,
+                   claim: str = "all") -> list[ApprovalRequest]:
+    """The pending requests of the user's teams with their session, agent, owner, turn and claim,
+    at most ``limit``; the next page starts ``after`` the (created_at, id) of the previous page's
+    last request. One query. ``claim``: ``mine`` (live claims of the user), ``unassigned`` (no
+    live claim) or ``all``. ``order=risk``: priority, then risk, then age (the first page only).
 
     A keyset, not an offset: the queue changes while a reviewer scrolls (decisions remove
     requests), and page N by offset would skip or repeat some.
     """
     oldest_first = order != "newest"
     qs = approvals_list(user=user, status=ApprovalRequest.Status.PENDING, tool=tool, agent=agent, risk=risk,
-                        oldest_first=oldest_first)
+                        oldest_first=oldest_first).select_related("claimed_by")
+    now = timezone.now()
+    if claim == "mine":
+        qs = qs.filter(claimed_by_id=user.pk, claimed_until__gt=now)
+    elif claim == "unassigned":
+        qs = qs.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=now))
+    if order == "risk":
+        qs = qs.order_by("-priority", RISK_ORDER.desc(), "created_at", "id")
+        return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
     if after is not None:
         created, pk = after
         qs = (qs.filter(Q(created_at__gt=created) | Q(created_at=created, id__gt=pk)) if oldest_first
               else qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk)))
-    return list(qs.select_related("session__owner", "turn")[:limit])
+    return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
+
+
+def identical_pending_groups(*, user: Any, min_size: int = 2) -> list[dict[str, Any]]:
+    """Pending tool requests of the user's teams that are identical (same tool, same run-spec hash,
+    same policy), in groups of at least ``min_size``, largest first. One query."""
+    rows = (scope(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING,
+                                                 kind=ApprovalRequest.Kind.TOOL), user)
+            .values("tool_name", "arguments_sha256", "policy_id")
+            .annotate(n=Count("id"), first=Min("created_at")).filter(n__gte=min_size).order_by("-n", "first"))
+    return list(rows)
+
+
+def pending_identical(*, user: Any, tool: str, arguments_sha256: str, policy_id: int | None) -> list[ApprovalRequest]:
+    """The pending requests of one identical group, oldest first, with their session. One query."""
+    qs = scope(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING, kind=ApprovalRequest.Kind.TOOL,
+                                              tool_name=tool, arguments_sha256=arguments_sha256), user)
+    qs = qs.filter(policy__isnull=True) if policy_id is None else qs.filter(policy_id=policy_id)
+    return list(qs.select_related("session__agent", "session__owner").order_by("created_at", "id")[:500])
 
 
 def queue_tools(*, user: Any) -> list[str]:
@@ -97,7 +137,9 @@ def approvals_by_request_id(request_ids: Iterable[Any]) -> dict[str, ApprovalReq
             continue
     if not ids:
         return {}
-    rows = ApprovalRequest.objects.filter(request_id__in=ids).select_related("session__agent", "session__owner", "turn")
+    rows = (ApprovalRequest.objects.filter(request_id__in=ids)
+            .select_related("session__agent", "session__owner", "turn", "claimed_by", "reviewer_group")
+            .annotate(approvals_given=APPROVALS_GIVEN).prefetch_related("votes__reviewer"))
     return {str(a.request_id): a for a in rows}
 
 

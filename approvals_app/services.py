@@ -26,6 +26,9 @@ from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDeni
 from agentops.permissions import DECIDE_APPROVALS
 from agentops.teams import REVIEW_ROLES, has_team_role
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.policies import ResolvedPolicy
+from approvals_app.quorum import quorum_vote
+from approvals_app.signals import approval_changed
 from sessions_app.events import event_record
 from sessions_app.locks import locked_with_session
 from sessions_app.models import Step, Turn
@@ -82,7 +85,9 @@ def _public(approval: ApprovalRequest) -> dict[str, Any]:
     return {"request_id": str(approval.request_id), "team_id": approval.team_id, "kind": approval.kind,
             "tool": approval.tool_name,
             "status": approval.status, "arguments_sha256": approval.arguments_sha256,
-            "approval_mode": approval.approval_mode, "risk": approval.risk}
+            "approval_mode": approval.approval_mode, "risk": approval.risk,
+            "required_approvals": approval.required_approvals, "priority": approval.priority,
+            "policy": approval.policy_reason}
 
 
 def _move(approval: ApprovalRequest, to: str, **fields: Any) -> None:
@@ -108,10 +113,12 @@ def approval_transition(*, request_id: uuid.UUID | str, to: str) -> ApprovalRequ
 def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalRequest.Kind.TOOL,
                             risk: str = "high", risk_note: str = "", sandbox_backend: str = "",
                             network_policy: str = "", preview: str = "",
-                            ttl_seconds: int | None = None) -> ApprovalRequest:
+                            ttl_seconds: int | None = None, policy: ResolvedPolicy | None = None) -> ApprovalRequest:
     """Ask a reviewer about one step. Idempotent: a pending request for the step is returned.
 
     Moves a tool step to ``awaiting_approval`` (a recovery request leaves it ``in_doubt``).
+    ``policy`` (``approval_policy_resolve``): its quorum, reviewer group, TTL and escalation are
+    copied onto the request (a later edit of the policy changes no open request).
     """
     step = locked_with_session(Step.objects.all(), pk=step_id)
     existing = ApprovalRequest.objects.filter(step=step, kind=kind, status=Status.PENDING).first()
@@ -128,6 +135,7 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
         network_policy=str(spec.get("network", network_policy)), preview=preview, run_spec=spec,
         arguments_sha256=spec_hash,
         expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
+        **_policy_fields(policy, ttl),
     )
     if kind == ApprovalRequest.Kind.TOOL:
         step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.AWAITING_APPROVAL)
@@ -135,7 +143,20 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
                  payload={**_public(approval), "arguments": approval.arguments, "risk_note": risk_note,
                           "network_policy": network_policy, "sandbox_backend": sandbox_backend,
                           "expires_at": approval.expires_at.isoformat() if approval.expires_at else None})
+    approval_changed.send(sender=ApprovalRequest, approval=approval, what="requested")
     return approval
+
+
+def _policy_fields(policy: ResolvedPolicy | None, ttl: int) -> dict[str, Any]:
+    if policy is None:
+        return {}
+    escalate_at = None
+    if ttl and policy.escalate_before_seconds:
+        escalate_at = timezone.now() + timedelta(seconds=max(ttl - policy.escalate_before_seconds, 0))
+    return {"policy_id": policy.policy_id, "policy_reason": policy.reason,
+            "required_approvals": policy.required_approvals, "reviewer_group_id": policy.reviewer_group_id,
+            "escalation_group_id": policy.escalation_group_id, "escalate_at": escalate_at,
+            "omit_arguments": policy.omit_arguments}
 
 
 def _validate_edited(tool_name: str, arguments: Any) -> None:
@@ -169,6 +190,10 @@ def four_eyes_refusal(approval: ApprovalRequest, actor: User) -> PermissionDenie
         if approval.session.owner_id == actor.pk:
             return PermissionDenied("You started this session; another reviewer must decide its requests.",
                                     code="self_approval_forbidden", details={"reason": "session_owner"})
+    if (approval.reviewer_group_id is not None and not actor.is_superuser
+            and not actor.groups.filter(pk=approval.reviewer_group_id).exists()):
+        return PermissionDenied("This request's policy lets only its reviewer group decide it.",
+                                code="not_eligible", details={"reviewer_group_id": approval.reviewer_group_id})
     return None
 
 
@@ -273,6 +298,13 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
             raise InvalidArguments("A grant pattern needs remember", details={"field": "grant_pattern"})
         _validate_pattern(grant_pattern, approval.arguments if arguments is None else arguments)
 
+    vote = "decide" if approval.kind != ApprovalRequest.Kind.TOOL else quorum_vote(
+        approval, actor=actor, decision=decision, reason=reason, seen_hash=seen_hash,
+        edited=arguments is not None or remember)
+    if vote != "decide":  # an approval short of the quorum (or its replay): the request stays pending
+        if vote == "pending":
+            approval_changed.send(sender=ApprovalRequest, approval=approval, what="voted")
+        return approval
     approved_sha256 = approval.arguments_sha256
     if arguments is not None and approval.run_spec:
         approved_sha256 = spec_sha256(with_arguments(approval.run_spec, arguments))
@@ -292,6 +324,7 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
                  payload={**_public(approval), "decision": decision, "reason": reason,
                           "decided_by": actor.get_username(), "edited_arguments": arguments,
                           "remember": remember, "grant": grant_public(grant) if grant else None})
+    approval_changed.send(sender=ApprovalRequest, approval=approval, what="decided")
     dispatch.tick_enqueue(approval.turn_id)
     return approval
 
@@ -341,6 +374,7 @@ def _expire_one(pk: int) -> int:
                         event_type="tool.expired", result={"status": "expired", "output": note}, error_code="expired")
     event_record(session_id=approval.session_id, turn_id=approval.turn_id, step_id=approval.step_id,
                  type="approval.expired", payload=_public(approval))
+    approval_changed.send(sender=ApprovalRequest, approval=approval, what="expired")
     dispatch.tick_enqueue(approval.turn_id)
     return 1
 

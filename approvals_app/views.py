@@ -26,6 +26,7 @@ from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, req
 from approvals_app import selectors
 from approvals_app.forms import ApprovalEditForm
 from approvals_app.models import ApprovalRequest
+from approvals_app.presence import presence_token
 from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal, grant_revoke
 from sessions_app import presenters
 from sessions_app import selectors as session_selectors
@@ -43,24 +44,27 @@ def approval_queue_view(request: HtmxHttpRequest) -> HttpResponse:
     """The pending requests, a page at a time: the next page loads when its marker scrolls into view
     (``after`` = the cursor of the last request shown)."""
     f = {name: request.GET.get(name, "").strip() for name in ("tool", "agent", "risk")}
-    f["order"] = "newest" if request.GET.get("order") == "newest" else "oldest"
+    order, claim = request.GET.get("order", ""), request.GET.get("claim", "")
+    f["order"] = order if order in ("newest", "risk") else "oldest"
+    f["claim"] = claim if claim in selectors.CLAIM_FILTERS else "all"
     after_cursor = request.GET.get("after", "")
     try:
         after = cursor_decode(after_cursor, ApprovalRequest) if after_cursor else None
     except InvalidArguments as exc:
         return HttpResponse(exc.message, status=400)
     rows = selectors.approval_queue(user=request.user, order=f["order"], tool=f["tool"], agent=f["agent"],
-                                    risk=f["risk"], limit=QUEUE_PAGE + 1, after=after)
+                                    risk=f["risk"], limit=QUEUE_PAGE + 1, after=after, claim=f["claim"])
     approvals = rows[:QUEUE_PAGE]
     filters = {k: v for k, v in f.items() if v}
     more_url = ("?" + urlencode({**filters, "after": cursor_encode(approvals[-1])})
-                if len(rows) > QUEUE_PAGE else "")
+                if len(rows) > QUEUE_PAGE and f["order"] != "risk" else "")
     context = {"nav": "approvals", "f": f, "approvals": approvals, "more_url": more_url,
                "can_decide": has_perm(request.user, DECIDE_APPROVALS)}
     if after is not None and request.htmx:
         return render(request, "dashboard/_queue_page.html", context)
     context.update(tools=selectors.queue_tools(user=request.user),
                    agents=session_selectors.agents_all(user=request.user), risks=RISKS, now=timezone.now(),
+                   claim_filters=selectors.CLAIM_FILTERS,
                    qs_without_order=urlencode({k: v for k, v in filters.items() if k != "order"}))
     return render(request, "dashboard/approval_queue.html", context)
 
@@ -96,7 +100,8 @@ def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "
         "nav": "approvals", "approval": approval, "now": timezone.now(), "error": error,
         "error_details": error_details or [], "edit_open": edit_form is not None,
         "can_decide": four_eyes_refusal(approval, request.user) is None,
-        "audit": selectors.audit_of(approval.request_id),
+        "audit": selectors.audit_of(approval.request_id), 
+        "presence_token": presence_token(approval),
         "edit_form": edit_form or ApprovalEditForm(schema, approval.arguments),
         "limits": _run_command_limits(approval, tool.timeout_seconds if tool else None)
         if approval.tool_name == "run_command" else [],
@@ -152,6 +157,15 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
         approval = _approval_or_404(request, request_id)  # show what is current now
         return _detail(request, approval, error=message, error_details=details, edit_form=edit_form,
                        status=exc.status)
+    if decided.status == ApprovalRequest.Status.PENDING:  # a vote short of the quorum
+        note = f"Your approval is recorded; {decided.required_approvals} distinct approvals are required."
+        if from_queue:
+            fresh = selectors.approvals_by_request_id([request_id])[str(request_id)]
+            response = render(request, "dashboard/_queue_item.html", {"approval": fresh, "can_decide": True,
+                                                                      "error": note})
+            return reswap(retarget(response, f"#approval-{request_id}"), "outerHTML")
+        messages.success(request, note)
+        return redirect("approval_detail", request_id=request_id)
     if from_queue:
         return render(request, "dashboard/_queue_decided.html", {"approval": decided})
     verb = {"approve": "Approved", "reject": "Rejected", "retry": "Retry approved", "mark_done": "Marked done",

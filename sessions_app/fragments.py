@@ -27,6 +27,9 @@ NOTE_TYPES = selectors.NOTE_TYPES
 TURN_TYPES = ("turn.queued", "turn.started", "turn.completed", "turn.failed", "turn.cancelled",
               "turn.awaiting_approval", "turn.requires_action")
 QUEUE_REMOVALS = ("approval.decided", "approval.expired", "approval.cancelled")
+# Events that (re)render the request's queue item and its review card (claims, votes, escalation).
+QUEUE_UPSERTS = ("approval.requested", "approval.voted", "approval.claimed", "approval.released",
+                 "approval.escalated")
 # Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
 SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
                            r"|budget\.|session\.(status_changed|compacted|compact_requested)$)")
@@ -54,7 +57,7 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
     """
     step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
     turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
-    request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] == "approval.requested"}
+    request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] in QUEUE_UPSERTS}
     steps = _step_views(step_ids)
     turns = selectors.turns_by_id(turn_ids)
     approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
@@ -128,12 +131,15 @@ def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], tur
         sv.seq = seq
         html = render_to_string("dashboard/_step.html", {"sv": sv})
         ops.append(_op("upsert", f"#turn-{sv.step.turn_id}-items", html, seq=seq, dom_id=sv.dom_id))
-    if etype == "approval.requested":
+    if etype in QUEUE_UPSERTS:
         approval = approvals.get(str(payload.get("request_id")))
-        if approval is not None:
-            html = render_to_string("dashboard/_queue_item.html", {"approval": approval, "can_decide": True,
-                                                                    "live": True})
+        if approval is not None and approval.status == "pending":
+            context = {"approval": approval, "can_decide": True, "live": True, "seq": seq}
+            html = render_to_string("dashboard/_queue_item.html", context)
             ops.append(_op("upsert", "#approval-queue", html, seq=seq, dom_id=f"approval-{approval.request_id}"))
+            if etype != "approval.requested":
+                html = render_to_string("dashboard/_review_card.html", context)
+                ops.append(_op("replace", f"#review-{approval.request_id}", html, seq=seq))
     elif etype in QUEUE_REMOVALS:
         rid = payload.get("request_id")
         ops.append(_op("remove", "#approval-queue", seq=seq, dom_id=f"approval-{rid}"))

@@ -27,6 +27,7 @@ from django.db.models import F
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidTransition, joins_transaction
 from approvals_app.models import ApprovalRequest
+from approvals_app.policies import ResolvedPolicy, approval_policy_resolve
 from approvals_app.selectors import approval_approved_for_step
 from approvals_app.services import (
     RunSpecChanged,
@@ -150,19 +151,23 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
                         event_type="tool.started",
                         event_payload={"client": True, "call_id": step.call_id, "arguments": step.arguments})
         return Step.Status.RUNNING
-    mode = tool.approval_mode
+    # An approval policy of the team (issue 17) overrides the tool's own mode; none: as before.
+    policy = approval_policy_resolve(team_id=session.team_id, agent_id=session.agent_id, tool_name=tool.name,
+                                     arguments=step.arguments)
+    mode = policy.mode if policy is not None else tool.approval_mode
     if mode == ApprovalMode.SAFE_READONLY or (
             mode == ApprovalMode.CONFIRM_ONCE
             and grant_use(session_id=session.id, turn_id=step.turn_id, step_id=step.id, tool_name=tool.name,
                           arguments=step.arguments) is not None):
         step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
-    _ask_reviewer(step, session, tool)
+    _ask_reviewer(step, session, tool, policy)
     return Step.Status.AWAITING_APPROVAL
 
 
-def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition) -> ApprovalRequest:
-    risk, note = tool_risk(tool)
+def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition,
+                  policy: ResolvedPolicy | None = None) -> ApprovalRequest:
+    risk, note = (policy.risk, policy.reason) if policy is not None else tool_risk(tool)
     violated = [c["prohibition"] for c in step.checks or [] if c.get("violated")]
     if violated:  # the reviewer sees the verdicts next to the arguments (approval page)
         risk, note = "high", "The prohibitions check says this call may violate: " + "; ".join(violated)
@@ -175,7 +180,9 @@ def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition) -> Ap
             preview = f"(no preview: {exc})"
     approval = approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
                                        sandbox_backend=str(sandbox_status().get("backend", "")),
-                                       network_policy=tool.network, ttl_seconds=tool.approval_ttl_seconds)
+                                       network_policy=tool.network, policy=policy,
+                                       ttl_seconds=(policy.ttl_seconds if policy and policy.ttl_seconds
+                                                    else tool.approval_ttl_seconds))
     if tool.name == "write_file" and not local:
         hosting.preview_elsewhere(step)
     return approval
@@ -218,7 +225,8 @@ def tool_step_rebind(*, step: Step, approval: ApprovalRequest) -> None:
         _fail(step, "tool_unavailable",
               f"The tool {step.tool_name!r} was disabled or removed after the approval; the call did not run.")
     else:
-        _ask_reviewer(step, session, fresh)
+        _ask_reviewer(step, session, fresh, approval_policy_resolve(
+            team_id=session.team_id, agent_id=session.agent_id, tool_name=fresh.name, arguments=step.arguments))
     dispatch.tick_enqueue(step.turn_id)
 
 

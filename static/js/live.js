@@ -26,6 +26,10 @@
       var want = container.getAttribute("data-filter-" + checks[i][0]);
       if (want && el.getAttribute(checks[i][1]) !== want) return false;
     }
+    var claim = container.getAttribute("data-filter-claim");
+    var by = el.getAttribute("data-claimed-by") || "";
+    if (claim === "mine" && by !== container.getAttribute("data-me")) return false;
+    if (claim === "unassigned" && by) return false;
     return true;
   }
 
@@ -76,6 +80,10 @@
       var existing = id && document.getElementById(id);
       if (existing) {
         if (seqOf(existing) > seq) return; // never go back in time
+        if (container.id === "approval-queue" && !visibleInQueue(container, fresh)) {
+          existing.remove(); // claimed by someone else while "unassigned" is shown, …
+          return;
+        }
         existing.replaceWith(fresh);
       } else if (container.id === "approval-queue" && !visibleInQueue(container, fresh)) {
         return;
@@ -92,6 +100,7 @@
 
   function activate(el) {
     if (window.htmx) window.htmx.process(el);
+    showPresence();
     var empty = document.getElementById("timeline-empty");
     if (empty && el.classList && el.classList.contains("turn")) empty.remove();
   }
@@ -168,6 +177,15 @@
       if (msg.event.created_at > since) since = msg.event.created_at;
     }
 
+    // Presence (approvals_app/presence.py): the decision page says who looks at it, every 10 s.
+    var presenceToken = root.getAttribute("data-presence-token") || "";
+    function sayViewing() {
+      if (presenceToken && socket && socket.readyState === 1) {
+        socket.send(JSON.stringify({ type: "viewing", token: presenceToken }));
+      }
+    }
+    if (presenceToken) setInterval(sayViewing, 10000);
+
     function open() {
       var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
       socket = new WebSocket(scheme + window.location.host + path);
@@ -176,10 +194,12 @@
         setState("live", "live");
         var hello = kind === "session" ? { type: "hello", last_seq: lastSeq } : { type: "hello", since: since };
         socket.send(JSON.stringify(hello));
+        sayViewing();
       };
       socket.onmessage = function (e) {
         var msg;
         try { msg = JSON.parse(e.data); } catch (err) { return; }
+        if (msg.type === "presence") { seePresence(msg); return; }
         if (msg.type !== "event" || !msg.event) return;
         if (kind === "session") applySession(msg); else applyApproval(msg);
       };
@@ -194,6 +214,23 @@
       };
     }
     open();
+  }
+
+  // request id -> {user: time (ms) until which they count as viewing}
+  var viewers = {};
+  function seePresence(msg) {
+    var seen = viewers[msg.request_id] || (viewers[msg.request_id] = {});
+    seen[msg.user] = Date.now() + (msg.ttl || 30) * 1000;
+    showPresence();
+  }
+  function showPresence() {
+    var now = Date.now();
+    var els = document.querySelectorAll("[data-presence-for]");
+    for (var i = 0; i < els.length; i++) {
+      var seen = viewers[els[i].getAttribute("data-presence-for")] || {};
+      var names = Object.keys(seen).filter(function (u) { return seen[u] > now; }).sort();
+      els[i].textContent = names.length ? "viewing: " + names.join(", ") : "";
+    }
   }
 
   function tickTimes() {
@@ -215,5 +252,6 @@
     for (var i = 0; i < roots.length && "WebSocket" in window; i++) connect(roots[i]);
     tickTimes();
     setInterval(tickTimes, 15000);
+    setInterval(showPresence, 5000);
   });
 })();

@@ -34,6 +34,7 @@ from approvals_app import services as approval_services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from hosts_app import runners
 from hosts_app.models import SandboxHost
+from notify_app.signing import link_token
 from sessions_app import services as session_services
 from sessions_app.models import AgentSession, Artifact, Step, Turn
 from sessions_app.services import step_transition
@@ -125,6 +126,14 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},
      _row(302, 403, 404, 302, 404, 403, 302, 302)),
     ("page", "POST", "/grants/{grant}/revoke/", {}, _row(302, 403, 404, 302, 404, 302, 302, 302)),
+    # The reviewer's workflow (issue 17): claims, bulk approval of identical requests, email links
+    # (the link in the world was sent to rev_same: anyone else signed in gets 403).
+    ("page", "POST", "/approvals/{request}/claim/", {}, _row(302, 403, 404, 302, 404, 403, 302, 302)),
+    ("page", "POST", "/approvals/{request}/release/", {}, _row(302, 403, 404, 302, 404, 403, 302, 302)),
+    ("page", "GET", "/approvals/bulk/", None, PAGE_LIST),
+    ("page", "POST", "/approvals/bulk/", {"request_id": "{request}", "arguments_sha256": "{sha}"},
+     _row(302, 403, 403, 200, 404, 200, 200, 302)),
+    ("page", "GET", "/approvals/link/{link}/", None, _row(302, 403, 403, 302, 403, 403, 403, 302)),
     # The OpenAI Agents wire (/openai/v1): the same selectors; errors in the wire's envelope.
     ("wire", "GET", "/openai/v1/agents", None, LIST),
     ("wire", "GET", "/openai/v1/agents/sessions", None, LIST),
@@ -199,7 +208,8 @@ def build_world() -> World:
     return World(values={"agent": agent.slug, "busy": str(busy.id), "idle": str(idle.id), "turn": str(turn.id),
                          "client": str(client_session.id), "artifact": str(artifact.id),
                          "request": str(approval.request_id), "sha": approval.arguments_sha256,
-                         "grant": str(grant.pk), "host": "h1", "runner": "r1", "job": f"{step.id}:1"},
+                         "grant": str(grant.pk), "host": "h1", "runner": "r1", "job": f"{step.id}:1",
+                         "link": link_token(request_id=approval.request_id, user_id=users["rev_same"].pk)},  # type: ignore[union-attr]
                  users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
 
 
@@ -236,6 +246,7 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
     declared_pages = {path.lstrip("/").replace("{busy}", "<uuid:session_id>").replace("{idle}", "<uuid:session_id>")
                       .replace("{artifact}", "<uuid:artifact_id>").replace("{request}", "<uuid:request_id>")
                       .replace("{grant}", "<int:grant_id>").replace("{turn}", "<uuid:turn_id>")
+                      .replace("{link}", "<str:token>")
                       for kind, _m, path, _b, _e in MATRIX if kind == "page"}
     assert pages == declared_pages, pages ^ declared_pages
     from agentops.routing import websocket_urlpatterns
@@ -284,7 +295,8 @@ def _assert_nothing_changed(world: World) -> None:
     """A refused write changed nothing."""
     assert AgentSession.objects.count() == 3
     assert Turn.objects.filter(session_id=uuid.UUID(world.values["idle"])).count() == 0
-    assert ApprovalRequest.objects.get(request_id=world.values["request"]).status == "pending"
+    approval = ApprovalRequest.objects.get(request_id=world.values["request"])
+    assert approval.status == "pending" and approval.claimed_by_id is None
     assert ApprovalGrant.objects.get(pk=world.values["grant"]).revoked_at is None
     assert Step.objects.get(call_id="call_client").status == "running"
     assert Turn.objects.get(pk=world.values["turn"]).status != "cancelled"

@@ -122,7 +122,7 @@ def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentP
     client.get(f"/approvals/{approval.request_id}/")
     # session, user, 2 permission reads, approval, viewed-audit throttle, team role, tool, turn steps,
     # approvals of steps, deltas, audit trail
-    with django_assert_num_queries(12):
+    with django_assert_num_queries(13):  # 12, plus the request's votes (quorum, issue 17)
         response = client.get(f"/approvals/{approval.request_id}/")
     body = response.content.decode()
     assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body

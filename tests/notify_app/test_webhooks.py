@@ -1,0 +1,109 @@
+"""Webhooks: a real local HTTP receiver verifies the HMAC signature and timestamp, answers 500
+first and 200 next; a real Celery worker delivers from the outbox and retries with backoff; the
+delivery log keeps both attempts; a replay sends the same delivery id again."""
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from notify_app.models import Delivery, DeliveryAttempt, WebhookEndpoint
+from notify_app.services import delivery_replay, delivery_send
+from notify_app.signing import signature_header, signature_verify
+from tests import factories
+from tests.approvals_app.review_helpers import pending, policy
+from tests.waiting import wait_for
+
+SECRET = "whsec-test-0123456789"
+
+
+class Receiver:
+    """Records each POST; answers the statuses in ``plan`` in turn (then 200)."""
+
+    def __init__(self, plan: list[int]) -> None:
+        self.plan, self.calls = list(plan), []  # type: ignore[var-annotated]
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                valid = signature_verify(secret=SECRET, header=self.headers.get("X-Agentops-Signature", ""), body=body)
+                receiver.calls.append({"valid": valid, "body": json.loads(body), "headers": dict(self.headers)})
+                status = receiver.plan.pop(0) if receiver.plan else 200
+                self.send_response(status if valid else 401)
+                self.end_headers()
+                self.wfile.write(b"ok" if status == 200 else b"boom")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver([500])
+    yield r
+    r.server.shutdown()
+
+
+def test_signature_verification_refuses_tampering_and_old_timestamps() -> None:
+    body = b'{"a":1}'
+    header = signature_header(secret=SECRET, body=body, timestamp=1_000_000)
+    assert signature_verify(secret=SECRET, header=header, body=body, now=1_000_100)
+    assert not signature_verify(secret=SECRET, header=header, body=b'{"a":2}', now=1_000_100)
+    assert not signature_verify(secret="other", header=header, body=body, now=1_000_100)
+    assert not signature_verify(secret=SECRET, header=header, body=body, now=1_000_000 + 301)  # a replay, later
+    assert not signature_verify(secret=SECRET, header="garbage", body=body)
+
+
+@pytest.mark.usefixtures("celery_worker")
+def test_webhook_is_signed_retried_after_500_and_logged(receiver: Receiver, settings: Any) -> None:
+    settings.AGENTOPS_NOTIFY_BACKOFF_SECONDS = 0.5
+    team = factories.team()
+    endpoint = WebhookEndpoint.objects.create(team=team, name="ops", url=receiver.url, secret=SECRET,
+                                              events=["approval.requested"])
+    WebhookEndpoint.objects.create(team=factories.team("elsewhere"), name="x", url=receiver.url, secret="s")
+    policy(team=team, tool_name="run_command", required_approvals=2)
+    approval = pending(arguments={"command": "deploy", "env": {"API_KEY": "sk-live-123", "region": "eu"}})
+    delivery = Delivery.objects.get(endpoint=endpoint)
+    wait_for(lambda: Delivery.objects.get(pk=delivery.pk).status == "delivered", timeout=60, what="delivery")
+    assert [c["valid"] for c in receiver.calls] == [True, True]
+    first, second = receiver.calls
+    assert first["headers"]["X-Agentops-Delivery"] == second["headers"]["X-Agentops-Delivery"] == str(
+        delivery.delivery_id)
+    body = second["body"]
+    assert (body["event"], body["request_id"], body["required_approvals"]) == (
+        "approval.requested", str(approval.request_id), 2)
+    assert body["arguments"]["env"] == {"API_KEY": "[redacted]", "region": "eu"}
+    assert "sk-live-123" not in json.dumps(receiver.calls)
+    log = list(DeliveryAttempt.objects.filter(delivery=delivery).values_list("attempt", "status_code", "ok"))
+    assert log == [(1, 500, False), (2, 200, True)]
+    # a replay from the admin sends it again, same delivery id (receivers dedupe)
+    delivery_replay(delivery_pk=delivery.pk)
+    wait_for(lambda: len(receiver.calls) == 3, timeout=30, what="the replay")
+    assert receiver.calls[2]["headers"]["X-Agentops-Delivery"] == str(delivery.delivery_id)
+
+
+@pytest.mark.django_db
+def test_a_delivery_gives_up_after_the_last_attempt(settings: Any) -> None:
+    settings.AGENTOPS_NOTIFY_MAX_ATTEMPTS = 2
+    settings.AGENTOPS_NOTIFY_BACKOFF_SECONDS = 0
+    r = Receiver([500, 503])
+    try:
+        team = factories.team()
+        WebhookEndpoint.objects.create(team=team, name="ops", url=r.url, secret=SECRET)
+        policy(team=team, tool_name="run_command", omit_arguments=True)
+        pending()
+        delivery = Delivery.objects.get(channel="webhook")
+        assert delivery_send(delivery_pk=delivery.pk).status == "pending"  # type: ignore[union-attr]
+        assert delivery_send(delivery_pk=delivery.pk).status == "dead"  # type: ignore[union-attr]
+        assert delivery_send(delivery_pk=delivery.pk) is None  # nothing due
+        assert "arguments" not in r.calls[0]["body"] and r.calls[0]["body"]["arguments_omitted"] is True
+    finally:
+        r.server.shutdown()
