@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "tools_app",
     "sessions_app",
     "approvals_app",
+    "vault_app",
     "agentops",
 ]
 
@@ -246,6 +247,9 @@ AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", def
 AGENTOPS_GATEWAY_RECLAIM_SECONDS = env.float("AGENTOPS_GATEWAY_RECLAIM_SECONDS", default=30.0)
 AGENTOPS_HTTP_ALLOWED_HOSTS = env.list("AGENTOPS_HTTP_ALLOWED_HOSTS", default=[])
 AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=False)
+# The secrets vault's Fernet keys, comma-separated: the first encrypts, all decrypt (rotation:
+# vault_app/crypto.py). Required; with AGENTOPS_DEMO and none set, a demo key is derived from SECRET_KEY.
+AGENTOPS_SECRET_KEYS = env.list("AGENTOPS_SECRET_KEYS", default=[])
 # A user's sessions working at once; a new one past it is refused with 429 (empty: no limit).
 AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER: int | None = env.int("AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER", default=None)
 AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)

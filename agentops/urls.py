@@ -9,9 +9,11 @@ from approvals_app.api import router as approvals_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
+from vault_app.api import router as vault_router
 
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
+api.add_router("", vault_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -15,6 +15,7 @@ import stat
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,9 @@ from tools_app.sandbox import (
     workspace_manifest,
     workspace_relpath,
 )
+from tools_app.secret_refs import Redactor
 from tools_app.selectors import tool_definition_get, tool_definitions_by_name, tool_names_of_agent
+from vault_app.resolve import SecretRefused, secret_refusal_result, secrets_check, secrets_resolve
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +140,11 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
     errors = validate_arguments(tool.name, tool.parameters_schema, step.arguments)
     if errors:
         _fail(step, "invalid_arguments", "Invalid arguments: " + "; ".join(errors[:10]))
+        return Step.Status.FAILED
+    try:  # a secret the call may not use is refused before a reviewer is asked (and again at run time)
+        secrets_check(team_id=session.team_id, tool_name=tool.name, values=secret_inputs(tool, step.arguments))
+    except SecretRefused as exc:
+        _fail(step, exc.code, exc.message)
         return Step.Status.FAILED
     if tool.kind == ToolDefinition.Kind.CLIENT:
         # The integration runs it and posts the output by call_id; no lease: nothing runs here.
@@ -273,31 +281,43 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
             note = "The tool changed after the approval was consumed; the call did not run. Ask again."
             return tool_step_record(step=step, workspace=None,
                                     result={"status": "failed", "error_code": "approval_stale", "output": note})
+    try:  # the only place values are decrypted: this task, for this call (vault_app.resolve)
+        secrets = secrets_resolve(team_id=session.team_id, tool_name=step.tool_name,
+                                  values=secret_inputs(tool, step.arguments))
+    except SecretRefused as exc:
+        return tool_step_record(step=step, workspace=None, result=secret_refusal_result(exc))
     workspace = session_workspace(session)
     manifest = None
     if tool is not None and not tool.idempotent:
         # Effect evidence before a mutating command: recovery compares the workspace with it.
         manifest = workspace_manifest(workspace)
         Step.objects.filter(pk=step.pk).update(manifest=manifest)
-    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
+    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=secrets.values["arguments"],
                           timeout_seconds=tool.timeout_seconds if tool else None,
                           network=tool.network if tool else "none",
                           idempotency_key=step.idempotency_key or str(step.id),
                           should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest,
-                          live=live_output(step))
+                          live=live_output(step, secrets.redactor), env=secrets.values["env"])
     failpoint_after_tool(step.tool_name)
-    payload = result.to_dict()
+    payload = secrets.redactor.value(result.to_dict())  # before anything of it is stored
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
                                     f"{approval.arguments}; what ran was {approval.edited_arguments}.")
-    return tool_step_record(step=step, result=payload, workspace=workspace)
+    return tool_step_record(step=step, result=payload, workspace=workspace, redactor=secrets.redactor)
 
 
-def live_output(step: Step) -> OutputBatcher:
+def secret_inputs(tool: ToolDefinition | None, arguments: Any) -> dict[str, Any]:
+    """What of a call may reference secrets: its arguments and its tool's command environment."""
+    return {"arguments": arguments, "env": dict(tool.env or {}) if tool is not None else {}}
+
+
+def live_output(step: Step, redactor: Redactor | None = None) -> OutputBatcher:
     """Where a running command's output goes while it runs: ``tool.progress`` events of the step,
     batched and capped (``tools_app.sandbox.progress``), each in its own short transaction."""
 
     def record(batch: dict[str, Any]) -> None:
+        if redactor:  # a value cut between two batches is redacted at both edges
+            batch = redactor.value(batch, edges=True)
         event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="tool.progress",
                      payload={"index": step.index, "tool": step.tool_name, **batch})
 
@@ -320,14 +340,15 @@ def failpoint_after_tool(tool_name: str) -> None:
         time.sleep(float(seconds or 30))
 
 
-def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:
+def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | None,
+                     redactor: Redactor | None = None) -> Step | None:
     """Record a tool's result: the step settled, the tool-call counter, published artifacts.
     None when the step was settled meanwhile (cancelled): the result is dropped."""
     ok = result.get("status") == "completed"
     artifacts = []
     if workspace is not None:
         for item in result.get("published_files") or []:
-            stored = _store_artifact(step.session_id, workspace, item)
+            stored = _store_artifact(step.session_id, workspace, item, redactor)
             if stored:
                 artifacts.append(stored)
     try:
@@ -361,7 +382,8 @@ def event_result(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]) -> dict[str, Any] | None:
+def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any],
+                    redactor: Redactor | None = None) -> dict[str, Any] | None:
     """Copy a published file out of the workspace, content-addressed, so it outlives it.
 
     Opened with ``open_beneath`` (no symlink leads out of the workspace) and hashed as it is copied:
@@ -379,7 +401,7 @@ def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]
         folder.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
         with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
-            while chunk := os.read(fd, 1 << 20):
+            for chunk in _artifact_chunks(fd, redactor):
                 digest.update(chunk)
                 tmp.write(chunk)
     finally:
@@ -388,3 +410,16 @@ def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]
     os.replace(tmp.name, target)
     return {"path": rel, "size": target.stat().st_size, "sha256": digest.hexdigest(), "storage_path": str(target),
             "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
+
+
+def _artifact_chunks(fd: int, redactor: Redactor | None) -> Iterator[bytes]:
+    """The file's content; read whole and redacted when the team has secrets (a command may have
+    written one into it: the stored copy holds ``[secret:NAME]`` instead)."""
+    if not redactor:
+        while chunk := os.read(fd, 1 << 20):
+            yield chunk
+        return
+    content = bytearray()
+    while chunk := os.read(fd, 1 << 20):
+        content += chunk
+    yield redactor.data(bytes(content))
