@@ -298,5 +298,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    # httpx logs every request's URL at INFO: an http_request URL may carry a resolved secret.
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"},
+                "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }

@@ -18,6 +18,8 @@ Use from a tool source (the MCP client, for one)::
 
 import fnmatch
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,27 @@ def team_redactor(team_id: int | None) -> Redactor:
         except VaultKeyError:
             log.error("secret %r of team %s cannot be decrypted with the configured keys", name, team_id)
     return Redactor(values)
+
+
+_CACHE_SECONDS = 2.0
+_cache: dict[int, tuple[float, Redactor]] = {}
+_cache_lock = threading.Lock()
+
+
+def team_redactor_cached(team_id: int | None) -> Redactor:
+    """``team_redactor`` kept for 2 s per process: the inline read-only tools run many times a
+    second and must not add a query each (a secret created meanwhile is covered 2 s later)."""
+    if team_id is None:
+        return Redactor({})
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(team_id)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    redactor = team_redactor(team_id)
+    with _cache_lock:
+        _cache[team_id] = (now + _CACHE_SECONDS, redactor)
+    return redactor
 
 
 def secrets_resolve(*, team_id: int | None, tool_name: str, values: Any) -> Resolved:
