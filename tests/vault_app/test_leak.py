@@ -30,6 +30,7 @@ from tests import factories
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tools_app.models import ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
+from vault_app.models import Secret
 from vault_app.services import secret_create
 
 pytestmark = pytest.mark.usefixtures("workers")
@@ -125,15 +126,15 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
     assert turn is not None
     (http_approval,) = pending_approvals(turn)
     # The reviewer's page names the secret the call uses (not its value); the hash binds the reference.
-    page = api_client(reviewer)
     reviewer_client = Client()
     reviewer_client.force_login(reviewer)
     html = reviewer_client.get(f"/approvals/{http_approval.request_id}/").content.decode()
     assert 'id="call-secrets"' in html and "status_token" in html and "resolved at run time" in html
     assert http_approval.arguments["headers"]["Authorization"] == "Bearer {{secret:status_token}}"
     _approve(reviewer, http_approval)
-    (cmd_approval,) = [a for a in pending_approvals(turn, 1) if a.tool_name == "run_command"] or [None]
-    assert cmd_approval is not None and cmd_approval.run_spec["env"] == {"STATUS_TOKEN": "{{secret:status_token}}"}
+    (cmd_approval,) = pending_approvals(turn, 1)
+    assert cmd_approval.tool_name == "run_command"
+    assert cmd_approval.run_spec["env"] == {"STATUS_TOKEN": "{{secret:status_token}}"}  # bound by the hash
     cmd_html = reviewer_client.get(f"/approvals/{cmd_approval.request_id}/").content.decode()
     assert "status_token" in cmd_html and "command environment" in cmd_html
     _approve(reviewer, cmd_approval)
@@ -142,12 +143,13 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
 
     # It really ran with the value: the API got it, the command saw it; what was stored is redacted.
     assert seen == [f"Bearer {VALUE}"]
-    steps = {s.tool_name: s for s in Step.objects.filter(turn=turn, kind="tool")}
-    assert steps["http_request"].result["status"] == "completed"
-    assert '"echo": "Bearer [secret:status_token]"' in steps["http_request"].result["output"]
-    out = steps["run_command"].result["output"]
+    results: dict[str, dict[str, Any]] = {s.tool_name: s.result or {}
+                                          for s in Step.objects.filter(turn=turn, kind="tool")}
+    assert results["http_request"]["status"] == "completed"
+    assert '"echo": "Bearer [secret:status_token]"' in results["http_request"]["output"]
+    out = results["run_command"]["output"]
     assert "token=[secret:status_token]" in out and out.count("[secret:status_token]") >= 4, out
-    assert "leaked: [secret:status_token]" in steps["read_file"].result["output"]
+    assert "leaked: [secret:status_token]" in results["read_file"]["output"]
     artifact = Artifact.objects.get(session=session, path="outputs/leak.txt")
     assert Path(artifact.storage_path).read_text() == "leaked: [secret:status_token]\n"
 
@@ -208,8 +210,8 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
         pages.append(f"/approvals/{rid}/")
     admin_page = Client()
     admin_page.force_login(admin)
-    for admin_url in ("/admin/vault_app/secret/", *[f"/admin/vault_app/secret/{s.pk}/change/"
-                                                     for s in __import__("vault_app.models").models.Secret.objects.all()]):
+    for admin_url in ("/admin/vault_app/secret/",
+                      *[f"/admin/vault_app/secret/{pk}/change/" for pk in Secret.objects.values_list("pk", flat=True)]):
         response = admin_page.get(admin_url)
         assert response.status_code == 200, admin_url
         scan(f"admin {admin_url}", response.content.decode())
@@ -228,7 +230,6 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
     with capfd.disabled():
         print("\n" + summary)
     assert hits == [], hits
-    assert page is not None
 
 
 def test_secret_not_allowed_unknown_or_expired_is_refused_and_nothing_runs(
