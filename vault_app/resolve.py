@@ -132,6 +132,21 @@ def secrets_resolve(*, team_id: int | None, tool_name: str, values: Any) -> Reso
     return Resolved(values=substitute(values, plain), used=names, redactor=redactor)
 
 
+def call_secret_inputs(*, tool_name: str, arguments: Any, env: dict[str, str],
+                       fields: tuple[str, ...]) -> dict[str, Any]:
+    """What of a call may reference secrets: the argument ``fields`` the tool allows (e.g.
+    http_request's url and headers) and its command environment. SecretRefused
+    (``secret_not_allowed_here``) for a reference anywhere else in the arguments."""
+    arguments = arguments if isinstance(arguments, dict) else {}
+    elsewhere = references_in({key: value for key, value in arguments.items() if key not in fields})
+    if elsewhere:
+        where = ", ".join(fields) if fields else "none of its arguments"
+        raise SecretRefused(f"{tool_name} may reference secrets only in: {where}; {{{{secret:{elsewhere[0]}}}}} is "
+                            "elsewhere. The call did not run.", code="secret_not_allowed_here",
+                            details={"secret": elsewhere[0], "fields": list(fields)})
+    return {"arguments": {key: value for key, value in arguments.items() if key in fields}, "env": env}
+
+
 def secret_refusal_result(exc: SecretRefused) -> dict[str, Any]:
     """A refusal as a tool result the model can read (no value in it: there is none to put)."""
     return {"status": "failed", "error_code": exc.code, "error_message": exc.message, "output": exc.message,

@@ -45,7 +45,13 @@ from sessions_app.services import (
     step_transition,
 )
 from tools_app.binding import run_spec, spec_differences, spec_sha256, with_arguments
-from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
+from tools_app.builtin import (
+    BUILTIN_TOOLS,
+    SECRET_ARGUMENT_FIELDS,
+    execute_tool,
+    validate_arguments,
+    write_file_preview,
+)
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.sandbox import (
     OutputBatcher,
@@ -58,7 +64,13 @@ from tools_app.sandbox import (
 )
 from tools_app.secret_refs import Redactor
 from tools_app.selectors import tool_definition_get, tool_definitions_by_name, tool_names_of_agent
-from vault_app.resolve import SecretRefused, secret_refusal_result, secrets_check, secrets_resolve
+from vault_app.resolve import (
+    SecretRefused,
+    call_secret_inputs,
+    secret_refusal_result,
+    secrets_check,
+    secrets_resolve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +304,8 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
         # Effect evidence before a mutating command: recovery compares the workspace with it.
         manifest = workspace_manifest(workspace)
         Step.objects.filter(pk=step.pk).update(manifest=manifest)
-    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=secrets.values["arguments"],
+    result = execute_tool(name=step.tool_name, workspace=workspace,
+                          arguments={**step.arguments, **secrets.values["arguments"]},
                           timeout_seconds=tool.timeout_seconds if tool else None,
                           network=tool.network if tool else "none",
                           idempotency_key=step.idempotency_key or str(step.id),
@@ -307,8 +320,10 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
 
 
 def secret_inputs(tool: ToolDefinition | None, arguments: Any) -> dict[str, Any]:
-    """What of a call may reference secrets: its arguments and its tool's command environment."""
-    return {"arguments": arguments, "env": dict(tool.env or {}) if tool is not None else {}}
+    """What of a call may reference secrets (SecretRefused for a reference elsewhere)."""
+    return call_secret_inputs(tool_name=tool.name if tool else "", arguments=arguments,
+                              env=dict(tool.env or {}) if tool is not None else {},
+                              fields=SECRET_ARGUMENT_FIELDS.get(tool.name, ()) if tool is not None else ())
 
 
 def live_output(step: Step, redactor: Redactor | None = None) -> OutputBatcher:

@@ -242,13 +242,16 @@ def test_secret_not_allowed_unknown_or_expired_is_refused_and_nothing_runs(
         tool("http_request", url=url, headers={"Authorization": "Bearer {{secret:cmd_only}}"}),
         tool("http_request", url=url, headers={"Authorization": "Bearer {{secret:no_such}}"}),
         tool("http_request", url=url + "?t={{secret:old_token}}"),
+        # allowed for run_command, but only through its environment: never on a command line
+        tool("run_command", command="echo {{secret:status_token}} > outputs/x.txt"),
         "Could not reach it."))
     assert turn is not None
     done = finished(turn, timeout=60)
     assert done.status == "completed"
     codes = list(Step.objects.filter(turn=turn, kind="tool").order_by("index").values_list("error_code", flat=True))
-    assert codes == ["secret_not_allowed", "secret_unknown", "secret_expired"]
+    assert codes == ["secret_not_allowed", "secret_unknown", "secret_expired", "secret_not_allowed_here"]
     messages = [s.error_message for s in Step.objects.filter(turn=turn, kind="tool").order_by("index")]
     assert "not allowed to use the secret 'cmd_only'" in messages[0] and "did not run" in messages[0]
     assert not ApprovalRequest.objects.filter(session=session).exists()  # nobody was asked: nothing to approve
     assert seen == []  # nothing reached the API
+    assert not Artifact.objects.filter(session=session).exists()  # and no command ran

@@ -60,6 +60,12 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {tool.name: tool for tool in (
 )}
 
 
+# Where a built-in's arguments may reference a secret ({{secret:NAME}}, resolved by the engine at run
+# time). Anywhere else (a command line, a file's content, an email body) a reference is refused:
+# it would put the value where every process on the host or every reader of the file sees it.
+SECRET_ARGUMENT_FIELDS: dict[str, tuple[str, ...]] = {"http_request": ("url", "headers")}
+
+
 def _parse_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str]:
     if isinstance(arguments, bytes | bytearray):
         arguments = bytes(arguments).decode("utf-8", "replace")
@@ -142,6 +148,7 @@ def _execute(*, name: str, workspace: Path, arguments: dict[str, Any] | str, tim
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "SECRET_ARGUMENT_FIELDS",
     "BuiltinTool",
     "ToolResult",
     "execute_tool",
