@@ -15,6 +15,7 @@ from agentops.models import Team
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, Step
+from tests import factories
 from tests.helpers import finished, pending_approvals
 from vault_app import crypto
 from vault_app.models import Secret
@@ -41,6 +42,7 @@ def test_demo_status_api_wants_the_bearer_token(demo_env: str) -> None:
 
 @pytest.mark.usefixtures("workers")
 def test_demo_incident_uses_the_vault_secret(demo_env: str, transactional_db: None) -> None:
+    factories.ensure_roles()  # a transactional test before this one flushed the roles
     call_command("agentops_demo", "--model-url", demo_env.removesuffix("/demo/status") + "/v1", stdout=StringIO())
     call_command("agentops_demo", "--model-url", demo_env.removesuffix("/demo/status") + "/v1",
                  stdout=StringIO())  # idempotent: the secret is updated, not duplicated
