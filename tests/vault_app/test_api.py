@@ -81,3 +81,25 @@ def test_secrets_list_api_queries(admin: User, django_assert_num_queries) -> Non
     with django_assert_num_queries(2):  # the token, the page (team and author joined)
         response = client.get("/api/secrets?limit=3")
     assert len(response.json()["items"]) == 3
+
+
+def test_admin_form_creates_and_replaces_the_value_write_only(admin: User) -> None:
+    from django.test import Client
+
+    team = factories.team("ops")
+    client = Client()
+    client.force_login(admin)
+    response = client.post("/admin/vault_app/secret/add/", {
+        "team": team.pk, "name": "db_password", "description": "", "allowed_tools": '["run_command"]',
+        "expires_at_0": "", "expires_at_1": "", "value": VALUE})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    secret = Secret.objects.get(name="db_password")
+    assert crypto.decrypt(secret.ciphertext) == VALUE and secret.created_by == admin
+    change = client.get(f"/admin/vault_app/secret/{secret.pk}/change/").content.decode()
+    assert VALUE not in change and secret.ciphertext not in change
+    kept = client.post(f"/admin/vault_app/secret/{secret.pk}/change/", {
+        "description": "rotated", "allowed_tools": '["run_command"]', "expires_at_0": "", "expires_at_1": "",
+        "value": ""})
+    assert kept.status_code == 302
+    secret.refresh_from_db()
+    assert secret.description == "rotated" and crypto.decrypt(secret.ciphertext) == VALUE  # empty keeps it
