@@ -6,6 +6,7 @@ from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from mcp_app.api import router as mcp_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
@@ -14,6 +15,7 @@ from vault_app.api import router as vault_router
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
 api.add_router("", vault_router)
+api.add_router("", mcp_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -13,3 +13,8 @@ class VaultAppConfig(AppConfig):
         # malformed key: a worker that cannot decrypt would fail every call that uses a secret.
         crypto.vault_keys()
         checks.register()
+        from mcp_app.secret_refs import secret_resolver_set
+        from vault_app.resolve import text_resolve
+
+        # MCP servers' headers and env resolve {{secret:NAME}} through the vault (executing task only).
+        secret_resolver_set(text_resolve)

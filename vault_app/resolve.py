@@ -132,6 +132,18 @@ def secrets_resolve(*, team_id: int | None, tool_name: str, values: Any) -> Reso
     return Resolved(values=substitute(values, plain), used=names, redactor=redactor)
 
 
+def text_resolve(text: str, *, team_id: int, consumer: str) -> str:
+    """One string with its references resolved for ``consumer`` (the MCP hook: ``mcp:<server>``;
+    a secret allows it with ``mcp:<server>`` or a pattern such as ``mcp:*`` in allowed_tools).
+    Raises the MCP app's SecretUnavailable, carrying the vault's refusal code and message."""
+    from mcp_app.secret_refs import SecretUnavailable
+
+    try:
+        return str(secrets_resolve(team_id=team_id, tool_name=consumer, values=text).values)
+    except SecretRefused as exc:
+        raise SecretUnavailable(exc.message, code=exc.code, details=exc.details) from exc
+
+
 def call_secret_inputs(*, tool_name: str, arguments: Any, env: dict[str, str],
                        fields: tuple[str, ...]) -> dict[str, Any]:
     """What of a call may reference secrets: the argument ``fields`` the tool allows (e.g.

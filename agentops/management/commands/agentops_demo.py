@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from agentops.models import Team, TeamMembership, TeamRole
+from mcp_app.demo_seed import mcp_demo_tracker_ensure
 from scripted_model.demo import DEMO_STARTER_FILES, DEMO_STATUS_SECRET, DEMO_STATUS_TOKEN_ENV
 from sessions_app.models import AgentProfile
 from tools_app.models import ToolDefinition
@@ -45,8 +46,15 @@ class Command(BaseCommand):
             secret_update(actor=_admin(), secret_id=existing.pk, value=token)
         self.stdout.write(f"vault: secret {DEMO_STATUS_SECRET!r} of team {team.slug!r} (http_request only)")
 
-    @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
+        with transaction.atomic():
+            profile = self._seed(options)
+        # The incident tracker (an MCP server) is discovered outside the transaction: it runs a process.
+        tracker = mcp_demo_tracker_ensure(team=profile.team)
+        profile.tools.add(*tracker)
+        self.stdout.write(f"demo incident tracker (MCP): {len(tracker)} tools")
+
+    def _seed(self, options: dict[str, Any]) -> AgentProfile:
         tool_definitions_seed()
         team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
         for username, group, is_admin in DEMO_USERS:
@@ -72,3 +80,4 @@ class Command(BaseCommand):
         profile.tools.set(ToolDefinition.objects.filter(kind="builtin", enabled=True))
         self._seed_status_secret(team)
         self.stdout.write(f"demo agent {profile.slug!r} uses {base_url or 'the default OpenAI endpoint'} ({model})")
+        return profile
