@@ -16,7 +16,9 @@ from urllib.parse import quote
 
 SECRET_NAME = r"[a-z0-9][a-z0-9_.-]{0,99}"
 SECRET_NAME_RE = re.compile(rf"^{SECRET_NAME}$")
-REFERENCE_RE = re.compile(r"\{\{\s*secret:(" + SECRET_NAME + r")\s*\}\}")
+# Any name is recognised as a reference (and refused when the vault has no such secret): a
+# reference the vault did not recognise would otherwise go out as literal text.
+REFERENCE_RE = re.compile(r"\{\{\s*secret:([A-Za-z0-9_.-]{1,100})\s*\}\}")
 # Shorter values would be redacted inside unrelated text (a 3-letter secret is in every log).
 MIN_VALUE_CHARS = 8
 # A cut-off secret at the edge of a live-output batch: this many characters of a form are enough

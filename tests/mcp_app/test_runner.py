@@ -56,11 +56,12 @@ def test_mcp_secret_reference_without_a_vault_is_a_clear_refusal(http_server: Mc
         seen.append(str(kw["consumer"]))
         return text.replace("{{secret:TRACKER}}", "s3cret")
 
+    vault = secret_refs._resolver  # the vault's (vault_app plugs it in): put back afterwards
     secret_refs.secret_resolver_set(resolver)
     try:
         assert _run("fxh__lookup", tmp_path, http_server.team_id, key="k").status == "completed"  # type: ignore[attr-defined]
     finally:
-        secret_refs.secret_resolver_set(None)
+        secret_refs.secret_resolver_set(vault)
     assert seen == ["mcp:fxh"]
 
 

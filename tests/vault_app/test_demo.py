@@ -14,9 +14,10 @@ from django.test import Client
 from agentops.models import Team
 from approvals_app.models import ApprovalRequest
 from sessions_app.engine.commands import session_start
-from sessions_app.models import AgentProfile, Step
+from sessions_app.models import AgentProfile, Step, Turn
 from tests import factories
 from tests.helpers import finished, pending_approvals
+from tests.waiting import wait_for
 from vault_app import crypto
 from vault_app.models import Secret
 
@@ -55,19 +56,35 @@ def test_demo_incident_uses_the_vault_secret(demo_env: str, transactional_db: No
     assert turn is not None
     client = Client()
     client.force_login(reviewer)
-    for expected_tool in ("http_request", "run_command"):
+    approved: list[str] = []
+    while "run_command" not in approved:  # the status call, the restart (and the tracker comment, with MCP)
         (approval,) = pending_approvals(turn, timeout=60)
-        assert approval.tool_name == expected_tool
-        if expected_tool == "http_request":
+        if approval.tool_name == "http_request":
             page = client.get(f"/approvals/{approval.request_id}/").content.decode()
             assert "status_api_token" in page and TOKEN not in page
         response = client.post(f"/api/approvals/{approval.request_id}/decision",
                                json.dumps({"decision": "approve", "arguments_sha256": approval.arguments_sha256}),
                                content_type="application/json")
         assert response.status_code == 200, response.content
+        approved.append(approval.tool_name)
+        if len(approved) > 5:
+            break
+    assert approved[:2] == ["http_request", "run_command"], approved
+    for _ in range(3):  # with the MCP tracker, its comment is asked after the restart: approve it too
+        def next_thing() -> list[ApprovalRequest] | str | None:
+            waiting = list(ApprovalRequest.objects.filter(turn=turn, status="pending"))
+            return waiting or (None if Turn.objects.get(pk=turn.pk).is_active else "done")
+
+        found = wait_for(next_thing, 60, "a pending approval or the end of the turn")
+        if found == "done":
+            break
+        for approval in found:
+            client.post(f"/api/approvals/{approval.request_id}/decision",
+                        json.dumps({"decision": "approve", "arguments_sha256": approval.arguments_sha256}),
+                        content_type="application/json")
     done = finished(turn, timeout=60)
     assert done.status == "completed", (done.error_code, done.error_message)
     http_step = Step.objects.get(turn=turn, tool_name="http_request")
     result: dict[str, Any] = http_step.result or {}
     assert result["output"].startswith("HTTP 200") and '"status": "degraded"' in result["output"]
-    assert ApprovalRequest.objects.filter(session=session, status="consumed").count() == 2
+    assert ApprovalRequest.objects.filter(session=session, status="consumed").count() >= 2
