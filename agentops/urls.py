@@ -6,6 +6,9 @@ from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from hosts_app import views as host_views
+from hosts_app.api import router as hosts_router
+from hosts_app.runner_api import router as runner_router
 from mcp_app.api import router as mcp_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
@@ -15,6 +18,8 @@ from vault_app.api import router as vault_router
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
 api.add_router("", vault_router)
+api.add_router("", hosts_router)
+api.add_router("/runner", runner_router)
 api.add_router("", mcp_router)
 
 urlpatterns = [
@@ -43,4 +48,5 @@ urlpatterns = [
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),
     path("grants/<int:grant_id>/revoke/", approval_views.grant_revoke_view, name="grant_revoke"),
+    path("hosts/", host_views.host_list_view, name="host_list"),
 ]
