@@ -13,12 +13,11 @@ import logging
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.files.storage import storages
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -151,7 +150,8 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
     assert "token=[secret:status_token]" in out and out.count("[secret:status_token]") >= 4, out
     assert "leaked: [secret:status_token]" in results["read_file"]["output"]
     artifact = Artifact.objects.get(session=session, path="outputs/leak.txt")
-    assert Path(artifact.storage_path).read_text() == "leaked: [secret:status_token]\n"
+    with storages["artifacts"].open(artifact.storage_path) as stored:
+        assert stored.read() == b"leaked: [secret:status_token]\n"
 
     # --- the scan -------------------------------------------------------------------------------
     forms = forms_of(VALUE)
@@ -218,9 +218,12 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
         pages.append(admin_url)
     model_requests = scripted_model.request_log.entries()
     scan("model request log", json.dumps([e.as_json() for e in model_requests]))
-    artifact_files = [p for p in (Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(sid)).rglob("*") if p.is_file()]
-    for path in artifact_files:
-        scan(f"artifact {path.name}", path.read_bytes().decode("latin-1"))
+    storage = storages["artifacts"]
+    artifact_files = [f"{sid}/{name}" for name in storage.listdir(str(sid))[1]]
+    assert artifact_files
+    for name in artifact_files:
+        with storage.open(name) as stored_file:
+            scan(f"artifact {name}", stored_file.read().decode("latin-1"))
     captured = capfd.readouterr()
     log_text = caplog.text + captured.out + captured.err
     scan("logs", log_text)
