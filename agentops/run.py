@@ -9,6 +9,7 @@ $AGENTOPS_GATEWAY_CONCURRENCY at once).
 """
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -90,6 +91,12 @@ def main() -> int:
         try:
             if not (env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL")):
                 mport = free_port()
+                # The demo's status API (on the scripted model server) and the token it wants, which
+                # agentops_demo stores in the vault: the agent uses it by reference, never sees it.
+                env.setdefault("AGENTOPS_DEMO_STATUS_TOKEN", secrets.token_urlsafe(24))
+                env["AGENTOPS_DEMO_STATUS_URL"] = f"http://127.0.0.1:{mport}/demo/status"
+                env.setdefault("AGENTOPS_HTTP_ALLOWED_HOSTS", "127.0.0.1")
+                env.setdefault("AGENTOPS_HTTP_ALLOW_PRIVATE", "1")
                 model = spawn("scripted model", [PY, "manage.py", "scripted_model", "--port", str(mport)])
                 wait_port(mport, model, "scripted model")
                 model_url = f"http://127.0.0.1:{mport}/v1"

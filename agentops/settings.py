@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "sessions_app",
     "approvals_app",
     "notify_app",
+    "vault_app",
     "mcp_app",
     "hosts_app",
     "agentops",
@@ -276,6 +277,9 @@ AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", def
 AGENTOPS_GATEWAY_RECLAIM_SECONDS = env.float("AGENTOPS_GATEWAY_RECLAIM_SECONDS", default=30.0)
 AGENTOPS_HTTP_ALLOWED_HOSTS = env.list("AGENTOPS_HTTP_ALLOWED_HOSTS", default=[])
 AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=False)
+# The secrets vault's Fernet keys, comma-separated: the first encrypts, all decrypt (rotation:
+# vault_app/crypto.py). Required; with AGENTOPS_DEMO and none set, a demo key is derived from SECRET_KEY.
+AGENTOPS_SECRET_KEYS = env.list("AGENTOPS_SECRET_KEYS", default=[])
 # A user's sessions working at once; a new one past it is refused with 429 (empty: no limit).
 AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER: int | None = env.int("AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER", default=None)
 AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)
@@ -330,7 +334,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    # httpx logs every request's URL at INFO: an http_request URL may carry a resolved secret.
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"},
+                "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # Sandbox hosts (hosts_app, README "Several machines"). A worker started with AGENTOPS_SANDBOX_HOST

@@ -15,9 +15,11 @@ from notify_app import views as notify_views
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
+from vault_app.api import router as vault_router
 
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
+api.add_router("", vault_router)
 api.add_router("", hosts_router)
 api.add_router("/runner", runner_router)
 api.add_router("", mcp_router)

@@ -32,6 +32,7 @@ from sessions_app import presenters
 from sessions_app import selectors as session_selectors
 from tools_app.builtin.command import policy_for
 from tools_app.selectors import tool_definition_get
+from vault_app.selectors import secrets_for_call
 
 RISKS = ("low", "medium", "high")
 QUEUE_PAGE = 25  # each card costs ~0.5 ms to render: more load as the reviewer scrolls
@@ -106,6 +107,9 @@ def _detail(request: AuthedRequest, approval: ApprovalRequest, *, error: str = "
         "limits": _run_command_limits(approval, tool.timeout_seconds if tool else None)
         if approval.tool_name == "run_command" else [],
         "diff": presenters.diff_lines(approval.preview), "tv": _turn_view(approval),
+        "secrets": secrets_for_call(team_id=approval.session.team_id, tool_name=approval.tool_name,
+                                    arguments=approval.edited_arguments or approval.arguments,
+                                    env=(approval.run_spec or {}).get("env") or {}),
     }
     return render(request, "dashboard/approval_detail.html", context, status=status)
 

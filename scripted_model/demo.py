@@ -5,6 +5,7 @@ tool calls find the log they read.
 """
 
 import json
+import os
 from typing import Any
 
 from scripted_model.script import ScriptStep, ToolCall
@@ -55,16 +56,31 @@ DEMO_REPORT = (
 )
 
 
+# The demo's status API (served by this server at /demo/status, `make run` sets both): it wants
+# a bearer token the agent never sees, the secret `status_api_token` of the team's vault.
+DEMO_STATUS_URL_ENV = "AGENTOPS_DEMO_STATUS_URL"
+DEMO_STATUS_TOKEN_ENV = "AGENTOPS_DEMO_STATUS_TOKEN"
+DEMO_STATUS_SECRET = "status_api_token"
+
+
+def demo_status_call() -> dict[str, Any] | None:
+    """The status API call of the demo, when `make run` configured one."""
+    url = os.environ.get(DEMO_STATUS_URL_ENV, "")
+    if not url:
+        return None
+    return {"method": "GET", "url": url, "headers": {"Authorization": f"Bearer {{{{secret:{DEMO_STATUS_SECRET}}}}}"}}
+
+
 def demo_steps() -> list[ScriptStep]:
-    """The demo as a script: look around, read the log, ask to restart (needs approval), check, report."""
-
-    def call(index: int, name: str, arguments: dict[str, Any]) -> ScriptStep:
-        return ScriptStep(index, (ToolCall(name=name, arguments=json.dumps(arguments)),))
-
-    return [
-        call(0, "list_files", {"path": "."}),
-        call(1, "read_file", {"path": "logs/service.log"}),
-        call(2, "run_command", {"command": DEMO_RESTART_COMMAND}),
-        call(3, "read_file", {"path": "state/payments-worker.restarted"}),
-        ScriptStep(4, (), DEMO_REPORT),
-    ]
+    """The demo as a script: look around, read the log, (with a status API: check it, with a
+    secret from the vault), ask to restart (needs approval), check, report."""
+    calls: list[tuple[str, dict[str, Any]]] = [("list_files", {"path": "."}),
+                                               ("read_file", {"path": "logs/service.log"})]
+    status = demo_status_call()
+    if status is not None:
+        calls.append(("http_request", status))
+    calls += [("run_command", {"command": DEMO_RESTART_COMMAND}),
+              ("read_file", {"path": "state/payments-worker.restarted"})]
+    steps = [ScriptStep(index, (ToolCall(name=name, arguments=json.dumps(arguments)),))
+             for index, (name, arguments) in enumerate(calls)]
+    return [*steps, ScriptStep(len(calls), (), DEMO_REPORT)]

@@ -6,7 +6,7 @@ a request without them plays the classic demo unchanged."""
 import json
 from typing import Any
 
-from scripted_model.demo import DEMO_REPORT, DEMO_RESTART_COMMAND, demo_steps
+from scripted_model.demo import DEMO_REPORT, DEMO_RESTART_COMMAND, demo_status_call, demo_steps
 from scripted_model.script import ScriptStep, ToolCall
 
 TRACKER_LIST = "tracker__list_tickets"
@@ -33,15 +33,19 @@ def demo_for(tools: list[dict[str, Any]] | None) -> list[ScriptStep]:
     if not {TRACKER_LIST, TRACKER_COMMENT} <= _offered(tools):
         return demo_steps()
 
-    def call(index: int, name: str, arguments: dict[str, Any]) -> ScriptStep:
-        return ScriptStep(index, (ToolCall(name=name, arguments=json.dumps(arguments)),))
-
-    return [
-        call(0, "list_files", {"path": "."}),
-        call(1, "read_file", {"path": "logs/service.log"}),
-        call(2, TRACKER_LIST, {"status": "open"}),
-        call(3, "run_command", {"command": DEMO_RESTART_COMMAND}),
-        call(4, "read_file", {"path": "state/payments-worker.restarted"}),
-        call(5, TRACKER_COMMENT, {"ticket_id": TRACKER_TICKET, "comment": TRACKER_COMMENT_TEXT}),
-        ScriptStep(6, (), MCP_DEMO_REPORT),
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("list_files", {"path": "."}),
+        ("read_file", {"path": "logs/service.log"}),
+        (TRACKER_LIST, {"status": "open"}),
     ]
+    status = demo_status_call()  # the status API with a bearer token from the vault (`make run`)
+    if status is not None:
+        calls.append(("http_request", status))
+    calls += [
+        ("run_command", {"command": DEMO_RESTART_COMMAND}),
+        ("read_file", {"path": "state/payments-worker.restarted"}),
+        (TRACKER_COMMENT, {"ticket_id": TRACKER_TICKET, "comment": TRACKER_COMMENT_TEXT}),
+    ]
+    steps = [ScriptStep(index, (ToolCall(name=name, arguments=json.dumps(arguments)),))
+             for index, (name, arguments) in enumerate(calls)]
+    return [*steps, ScriptStep(len(calls), (), MCP_DEMO_REPORT)]

@@ -6,6 +6,7 @@ key when one is set.
 """
 
 import argparse
+import hmac
 import json
 import os
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from scripted_model.demo import DEMO_STATUS_TOKEN_ENV
 from scripted_model.planner import (
     ErrorLedger,
     Reply,
@@ -124,6 +126,9 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self._path()
+        if path == "/demo/status":
+            self._send_demo_status()
+            return
         if not self._authorized():
             return
         if path == "/v1/models":
@@ -210,6 +215,17 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
             purpose=request_purpose(messages),
             system=system_text(messages),
         )
+
+    def _send_demo_status(self) -> None:
+        """The demo's status API: 200 with the payments status for the right bearer token, else 401."""
+        expected = os.environ.get(DEMO_STATUS_TOKEN_ENV, "")
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), expected):
+            self._send_json(401, {"error": "a valid bearer token is required"})
+            return
+        self._send_json(200, {"service": "payments", "status": "degraded", "queue_depth": 1804,
+                              "workers": {"payments-worker": "crash-loop backoff (OOMKilled x4)"},
+                              "since": "2025-03-14T09:59:52Z"})
 
     def _send_log(self) -> None:
         after = parse_qs(urlsplit(self.path).query).get("after", ["0"])[-1]

@@ -42,9 +42,12 @@ def _limits(tool_name: str, tool_timeout: int, network: str, arguments: Any) -> 
 def run_spec(*, tool: ToolDefinition, arguments: Any, sandbox_backend: str | None = None) -> dict[str, Any]:
     """The spec of one call of ``tool`` with ``arguments`` as it would run now."""
     backend = sandbox_backend if sandbox_backend is not None else str(sandbox_status().get("backend", ""))
-    return {"tool": tool.name, "tool_version": tool_version(tool), "enabled": tool.enabled, "arguments": arguments,
+    spec = {"tool": tool.name, "tool_version": tool_version(tool), "enabled": tool.enabled, "arguments": arguments,
             "network": tool.network, "timeout_seconds": tool.timeout_seconds,
             "limits": _limits(tool.name, tool.timeout_seconds, tool.network, arguments), "sandbox_backend": backend}
+    if tool.env:  # the command's environment as configured: {{secret:NAME}} references, never values
+        spec["env"] = tool.env
+    return spec
 
 
 def with_arguments(spec: dict[str, Any], arguments: Any) -> dict[str, Any]:

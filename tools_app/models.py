@@ -4,6 +4,7 @@
 returns a result.
 """
 
+import re
 from typing import Any, ClassVar
 
 import jsonschema
@@ -50,6 +51,15 @@ def validate_json_schema(value: Any) -> None:
         raise ValidationError('Tool arguments must be an object: the schema needs "type": "object".')
 
 
+def validate_command_env(value: Any) -> None:
+    """``{"NAME": "value"}`` with shell variable names and string values."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValidationError('The environment must be a JSON object of strings: {"NAME": "value"}.')
+    bad = [name for name in value if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", name)]
+    if bad:
+        raise ValidationError(f"Not an environment variable name: {bad[0][:40]!r}")
+
+
 class ToolDefinition(models.Model):
     Kind = ToolKind
 
@@ -64,6 +74,10 @@ class ToolDefinition(models.Model):
     timeout_seconds = models.PositiveIntegerField(default=60)
     max_attempts = models.PositiveIntegerField(default=3)
     idempotent = models.BooleanField(default=False)
+    env = models.JSONField(
+        default=dict, blank=True, validators=[validate_command_env],
+        help_text='Environment of the tool\'s sandboxed commands, {"NAME": "value"}; a value may reference a '
+                  'secret of the session\'s team: {"API_TOKEN": "{{secret:api_token}}"} (resolved at run time).')
     approval_ttl_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="How long a request may wait; empty = the site default.")
     enabled = models.BooleanField(default=True)

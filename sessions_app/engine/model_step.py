@@ -50,6 +50,7 @@ from sessions_app.services import step_event_payload, step_result_dropped, step_
 from tools_app.builtin import execute_tool, validate_arguments
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.selectors import tool_definitions_by_name
+from vault_app.resolve import team_redactor_cached
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def _run_read_only(convo: Conversation, step: Step, tool: ToolDefinition) -> _Ra
     result = execute_tool(name=step.tool_name, workspace=session_workspace(convo.session), arguments=step.arguments,
                           timeout_seconds=tool.timeout_seconds, network="none",
                           idempotency_key=step.idempotency_key, should_cancel=lambda: False).to_dict()
+    result = team_redactor_cached(convo.session.team_id).value(result)  # a file may hold a secret
     failpoint_after_tool(step.tool_name)
     ok = result.get("status") == "completed"
     step.status = Step.Status.COMPLETED if ok else Step.Status.FAILED

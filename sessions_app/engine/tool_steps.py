@@ -15,6 +15,7 @@ import stat
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,13 @@ from sessions_app.services import (
     step_transition,
 )
 from tools_app.binding import run_spec, spec_differences, spec_sha256, with_arguments
-from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
+from tools_app.builtin import (
+    BUILTIN_TOOLS,
+    SECRET_ARGUMENT_FIELDS,
+    execute_tool,
+    validate_arguments,
+    write_file_preview,
+)
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.runners import ToolRun, tool_runner
 from tools_app.sandbox import (
@@ -60,7 +67,15 @@ from tools_app.sandbox import (
     workspace_manifest,
     workspace_relpath,
 )
+from tools_app.secret_refs import Redactor
 from tools_app.selectors import tool_definition_get, tool_definitions_by_name, tool_names_of_agent
+from vault_app.resolve import (
+    SecretRefused,
+    call_secret_inputs,
+    secret_refusal_result,
+    secrets_check,
+    secrets_resolve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +159,11 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
     errors = validate_arguments(tool.name, tool.parameters_schema, step.arguments)
     if errors:
         _fail(step, "invalid_arguments", "Invalid arguments: " + "; ".join(errors[:10]))
+        return Step.Status.FAILED
+    try:  # a secret the call may not use is refused before a reviewer is asked (and again at run time)
+        secrets_check(team_id=session.team_id, tool_name=tool.name, values=secret_inputs(tool, step.arguments))
+    except SecretRefused as exc:
+        _fail(step, exc.code, exc.message)
         return Step.Status.FAILED
     if tool.kind == ToolDefinition.Kind.CLIENT:
         # The integration runs it and posts the output by call_id; no lease: nothing runs here.
@@ -291,6 +311,11 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
             note = "The tool changed after the approval was consumed; the call did not run. Ask again."
             return tool_step_record(step=step, workspace=None,
                                     result={"status": "failed", "error_code": "approval_stale", "output": note})
+    try:  # the only place values are decrypted: this task, for this call (vault_app.resolve)
+        secrets = secrets_resolve(team_id=session.team_id, tool_name=step.tool_name,
+                                  values=secret_inputs(tool, step.arguments))
+    except SecretRefused as exc:
+        return tool_step_record(step=step, workspace=None, result=secret_refusal_result(exc))
     workspace = session_workspace(session)
     manifest = None
     if tool is not None and not tool.idempotent:
@@ -305,25 +330,35 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
                                 idempotency_key=step.idempotency_key or str(step.id),
                                 should_cancel=lambda: step_is_cancelled(step.id)))
     else:
-        result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
+        result = execute_tool(name=step.tool_name, workspace=workspace,
+                              arguments={**step.arguments, **secrets.values["arguments"]},
                               timeout_seconds=tool.timeout_seconds if tool else None,
                               network=tool.network if tool else "none",
                               idempotency_key=step.idempotency_key or str(step.id),
                               should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest,
-                              live=live_output(step))
+                              live=live_output(step, secrets.redactor), env=secrets.values["env"])
     failpoint_after_tool(step.tool_name)
-    payload = result.to_dict()
+    payload = secrets.redactor.value(result.to_dict())  # before anything of it is stored
     if approval is not None and approval.edited_arguments is not None:
         payload["reviewer_note"] = ("Note: the reviewer changed the arguments before approving. You asked for "
                                     f"{approval.arguments}; what ran was {approval.edited_arguments}.")
-    return tool_step_record(step=step, result=payload, workspace=workspace)
+    return tool_step_record(step=step, result=payload, workspace=workspace, redactor=secrets.redactor)
 
 
-def live_output(step: Step) -> OutputBatcher:
+def secret_inputs(tool: ToolDefinition | None, arguments: Any) -> dict[str, Any]:
+    """What of a call may reference secrets (SecretRefused for a reference elsewhere)."""
+    return call_secret_inputs(tool_name=tool.name if tool else "", arguments=arguments,
+                              env=dict(tool.env or {}) if tool is not None else {},
+                              fields=SECRET_ARGUMENT_FIELDS.get(tool.name, ()) if tool is not None else ())
+
+
+def live_output(step: Step, redactor: Redactor | None = None) -> OutputBatcher:
     """Where a running command's output goes while it runs: ``tool.progress`` events of the step,
     batched and capped (``tools_app.sandbox.progress``), each in its own short transaction."""
 
     def record(batch: dict[str, Any]) -> None:
+        if redactor:  # a value cut between two batches is redacted at both edges
+            batch = redactor.value(batch, edges=True)
         event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="tool.progress",
                      payload={"index": step.index, "tool": step.tool_name, **batch})
 
@@ -346,14 +381,15 @@ def failpoint_after_tool(tool_name: str) -> None:
         time.sleep(float(seconds or 30))
 
 
-def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | None) -> Step | None:
+def tool_step_record(*, step: Step, result: dict[str, Any], workspace: Path | None,
+                     redactor: Redactor | None = None) -> Step | None:
     """Record a tool's result: the step settled, the tool-call counter, published artifacts.
     None when the step was settled meanwhile (cancelled): the result is dropped."""
     ok = result.get("status") == "completed"
     artifacts = []
     if workspace is not None:
         for item in result.get("published_files") or []:
-            stored = _store_artifact(step.session_id, workspace, item)
+            stored = _store_artifact(step.session_id, workspace, item, redactor)
             if stored:
                 artifacts.append(stored)
     try:
@@ -387,7 +423,8 @@ def event_result(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]) -> dict[str, Any] | None:
+def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any],
+                    redactor: Redactor | None = None) -> dict[str, Any] | None:
     """Upload a published file to central storage (``storages["artifacts"]``), content-addressed,
     so it outlives the workspace and its download never needs the sandbox host.
 
@@ -405,7 +442,7 @@ def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
             digest = hashlib.sha256()
-            while chunk := os.read(fd, 1 << 20):
+            for chunk in _artifact_chunks(fd, redactor):
                 digest.update(chunk)
                 spool.write(chunk)
         finally:
@@ -418,3 +455,16 @@ def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]
             name = storage.save(name, File(spool))
     return {"path": rel, "size": size, "sha256": digest.hexdigest(), "storage_path": name,
             "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
+
+
+def _artifact_chunks(fd: int, redactor: Redactor | None) -> Iterator[bytes]:
+    """The file's content; read whole and redacted when the team has secrets (a command may have
+    written one into it: the stored copy holds ``[secret:NAME]`` instead)."""
+    if not redactor:
+        while chunk := os.read(fd, 1 << 20):
+            yield chunk
+        return
+    content = bytearray()
+    while chunk := os.read(fd, 1 << 20):
+        content += chunk
+    yield redactor.data(bytes(content))

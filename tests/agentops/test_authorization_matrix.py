@@ -41,6 +41,8 @@ from sessions_app.services import step_transition
 from tests import factories
 from tests.helpers import api_token
 from tools_app.services import tool_definitions_seed
+from vault_app.crypto import encrypt
+from vault_app.models import Secret
 
 PERSONAS = ("anonymous", "op_same", "op_other", "rev_same", "rev_other", "author_both", "admin", "revoked_token")
 
@@ -90,6 +92,14 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
      _row(401, 200, 404, 403, 403, 200, 200, 401)),
     # The turn is active: retrying it is the idempotent replay (200) for those allowed.
     ("api", "POST", "/api/turns/{turn}/retry", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    # The vault: metadata for the team's members; writes need the vault_app permissions (admins).
+    ("api", "GET", "/api/secrets", None, LIST),
+    ("api", "POST", "/api/secrets", {"team": "same", "name": "new_one", "value": "0123456789abcdef"},
+     _row(401, 403, 403, 403, 403, 403, 201, 401)),
+    ("api", "GET", "/api/secrets/{secret}", None, READ_SAME),
+    ("api", "PATCH", "/api/secrets/{secret}", {"description": "changed"},
+     _row(401, 403, 404, 403, 404, 403, 200, 401)),
+    ("api", "DELETE", "/api/secrets/{secret}", None, _row(401, 403, 404, 403, 404, 403, 204, 401)),
     # Sandbox hosts: hosted hosts are listed to everyone signed in, a runner to its team only.
     ("api", "GET", "/api/hosts", None, LIST),
     ("api", "GET", "/api/hosts/{runner}", None, READ_SAME),
@@ -201,6 +211,8 @@ def build_world() -> World:
     client_turn = session_services.turn_create(session_id=client_session.id, input="ask the client")
     client_step = factories.step(client_turn, tool_name="lookup_customer", call_id="call_client")
     step_transition(step_id=client_step.id, to=Step.Status.RUNNING)
+    secret = Secret.objects.create(team=same, name="status_token", ciphertext=encrypt("s3cret-value-123"),
+                                   allowed_tools=["http_request"])
     SandboxHost.objects.create(name="h1", kind="hosted", status="online")
     runners.runner_create(team=same, name="r1", actor=users["admin"])  # type: ignore[arg-type]
     tokens = {name: api_token(user) for name, user in users.items() if user is not None}
@@ -208,7 +220,8 @@ def build_world() -> World:
     return World(values={"agent": agent.slug, "busy": str(busy.id), "idle": str(idle.id), "turn": str(turn.id),
                          "client": str(client_session.id), "artifact": str(artifact.id),
                          "request": str(approval.request_id), "sha": approval.arguments_sha256,
-                         "grant": str(grant.pk), "host": "h1", "runner": "r1", "job": f"{step.id}:1",
+                         "grant": str(grant.pk), "secret": str(secret.pk), "host": "h1", "runner": "r1",
+                         "job": f"{step.id}:1",
                          "link": link_token(request_id=approval.request_id, user_id=users["rev_same"].pk)},  # type: ignore[union-attr]
                  users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
 
@@ -235,7 +248,8 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
     normalise = {(m, p.replace("{busy}", "{session_id}").replace("{idle}", "{session_id}")
                   .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
                   .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
-                  .replace("{grant}", "{grant_id}").replace("{runner}", "{name}").replace("{job}", "{job_id}"))
+                  .replace("{grant}", "{grant_id}").replace("{secret}", "{secret_id}")
+                  .replace("{runner}", "{name}").replace("{job}", "{job_id}"))
                  for m, p in declared_api}
     assert operations == normalise, operations ^ normalise
 
@@ -274,8 +288,10 @@ def test_http_authorization(kind: str, method: str, path: str, body: dict[str, A
     data = {k: world.fill(v) if isinstance(v, str) else v for k, v in (body or {}).items()}
     if method == "GET":
         response = client.get(url)
-    elif method == "PUT":
-        response = client.put(url, json.dumps(data), content_type="application/json")
+    elif method in ("PUT", "PATCH"):
+        response = client.generic(method, url, json.dumps(data), content_type="application/json")
+    elif method == "DELETE":
+        response = client.delete(url)
     elif kind == "api":
         response = client.post(url, json.dumps(data), content_type="application/json")
     else:
@@ -285,7 +301,7 @@ def test_http_authorization(kind: str, method: str, path: str, body: dict[str, A
     assert response.status_code == expected, getattr(response, "content", b"")[:300]
     if expected in (401, 403, 404) and kind == "api":
         assert set(response.json()) == {"code", "message", "details"}
-    if expected in (401, 403, 404, 302) and method == "POST" and not (kind == "page" and expected == 302
+    if expected in (401, 403, 404, 302) and method != "GET" and not (kind == "page" and expected == 302
                                                                        and persona not in ("anonymous",
                                                                                            "revoked_token")):
         _assert_nothing_changed(world)
@@ -300,6 +316,7 @@ def _assert_nothing_changed(world: World) -> None:
     assert ApprovalGrant.objects.get(pk=world.values["grant"]).revoked_at is None
     assert Step.objects.get(call_id="call_client").status == "running"
     assert Turn.objects.get(pk=world.values["turn"]).status != "cancelled"
+    assert list(Secret.objects.values_list("name", "description")) == [("status_token", "")]
 
 
 @pytest.mark.django_db(transaction=True)

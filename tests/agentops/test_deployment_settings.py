@@ -22,7 +22,7 @@ SETUP = "import django; django.setup(); print('started')"
 def start(**env: str) -> subprocess.CompletedProcess[str]:
     """Load the settings in a fresh process, as daphne, a worker or manage.py does."""
     base = {k: v for k, v in os.environ.items()
-            if k not in ("AGENTOPS_DEMO", "DJANGO_DEBUG", "DJANGO_SECRET_KEY")}
+            if k not in ("AGENTOPS_DEMO", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "AGENTOPS_SECRET_KEYS")}
     return subprocess.run([sys.executable, "-c", SETUP], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**base, "DJANGO_SETTINGS_MODULE": "agentops.settings", **env})
 
@@ -33,9 +33,14 @@ def test_settings_refuse_the_development_secret_key_outside_debug_and_demo() -> 
     assert "DJANGO_SECRET_KEY is the development key" in refused.stderr
     placeholder = start(DJANGO_SECRET_KEY="change-me-to-50-random-characters")  # .env.example's
     assert placeholder.returncode != 0 and "refusing to start" in placeholder.stderr
-    assert start(AGENTOPS_DEMO="1").stdout.strip() == "started"
-    assert start(DJANGO_DEBUG="1").stdout.strip() == "started"
-    assert start(DJANGO_SECRET_KEY="x" * 20 + "a-real-random-secret-key-for-this-test").stdout.strip() == "started"
+    assert start(AGENTOPS_DEMO="1").stdout.strip() == "started"  # the vault derives its demo key
+    # Outside the demo the vault needs its own key (AGENTOPS_SECRET_KEYS): a clear start-up error.
+    vault_key = "x" * 43 + "="  # a well-formed Fernet key (32 bytes, url-safe base64)
+    real_key = "x" * 20 + "a-real-random-secret-key-for-this-test"
+    assert start(DJANGO_DEBUG="1", AGENTOPS_SECRET_KEYS=vault_key).stdout.strip() == "started"
+    assert start(DJANGO_SECRET_KEY=real_key, AGENTOPS_SECRET_KEYS=vault_key).stdout.strip() == "started"
+    no_vault_key = start(DJANGO_SECRET_KEY=real_key, AGENTOPS_SECRET_KEYS="")
+    assert no_vault_key.returncode != 0 and "AGENTOPS_SECRET_KEYS is not set" in no_vault_key.stderr
 
 
 @pytest.mark.django_db

@@ -56,11 +56,12 @@ def test_mcp_secret_reference_without_a_vault_is_a_clear_refusal(http_server: Mc
         seen.append(str(kw["consumer"]))
         return text.replace("{{secret:TRACKER}}", "s3cret")
 
+    vault = secret_refs._resolver  # the vault's (vault_app plugs it in): put back afterwards
     secret_refs.secret_resolver_set(resolver)
     try:
         assert _run("fxh__lookup", tmp_path, http_server.team_id, key="k").status == "completed"  # type: ignore[attr-defined]
     finally:
-        secret_refs.secret_resolver_set(None)
+        secret_refs.secret_resolver_set(vault)
     assert seen == ["mcp:fxh"]
 
 
@@ -101,11 +102,36 @@ def test_mcp_stdio_server_runs_sandboxed_in_the_workspace_with_its_env(stdio_ser
     workspace = Path(stdio_server.mounts[1]).parent.parent / "ws"  # under the traversable workspace root
     workspace.mkdir(mode=0o777)
     workspace.chmod(0o777)
+    vault = secret_refs._resolver  # the vault's: put back afterwards
     secret_refs.secret_resolver_set(lambda text, **kw: text.replace("{{secret:T}}", "it's $HOME \"quoted\""))
     try:
         result = _run("fx__whoami", workspace, stdio_server.team_id)
     finally:
-        secret_refs.secret_resolver_set(None)
+        secret_refs.secret_resolver_set(vault)
     assert result.status == "completed", result.output  # type: ignore[attr-defined]
     seen = result.data["structured"]  # type: ignore[attr-defined]
     assert seen["cwd"] == "/workspace" and seen["token"] == "it's $HOME \"quoted\"" and seen["uid"] != 0
+
+
+@pytest.mark.django_db
+def test_mcp_server_headers_resolve_vault_secrets_allowed_for_the_server(http_server: McpServer,
+                                                                         tmp_path: Path) -> None:
+    """The vault is the resolver: a secret allowed for ``mcp:<server>`` resolves; one that is not
+    allowed, or unknown, is a clear refusal and nothing is called."""
+    from vault_app.crypto import encrypt
+    from vault_app.models import Secret
+    from vault_app.resolve import text_resolve
+
+    secret_refs.secret_resolver_set(text_resolve)  # what vault_app's ready() installs (a test may have reset it)
+    assert mcp_server_refresh(server_id=http_server.id).error == ""
+    Secret.objects.create(team_id=http_server.team_id, name="tracker_token", ciphertext=encrypt("tracker-0123456789"),
+                          allowed_tools=["mcp:fxh"])
+    Secret.objects.create(team_id=http_server.team_id, name="other_token", ciphertext=encrypt("other-0123456789"),
+                          allowed_tools=["http_request"])
+    McpServer.objects.filter(pk=http_server.pk).update(headers={"Authorization": "Bearer {{secret:tracker_token}}"})
+    ran = _run("fxh__lookup", tmp_path, http_server.team_id, key="k")
+    assert ran.status == "completed", (ran.error_code, ran.output)  # type: ignore[attr-defined]
+    McpServer.objects.filter(pk=http_server.pk).update(headers={"Authorization": "Bearer {{secret:other_token}}"})
+    refused = _run("fxh__lookup", tmp_path, http_server.team_id, key="k")
+    assert refused.error_code == "secret_unavailable"  # type: ignore[attr-defined]
+    assert "not allowed to use the secret 'other_token'" in refused.output  # type: ignore[attr-defined]

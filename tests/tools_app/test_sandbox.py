@@ -22,6 +22,7 @@ from tools_app.sandbox import (
 )
 from tools_app.sandbox import argv as argv_module
 from tools_app.sandbox import backend as backend_module
+from tools_app.sandbox import process as process_module
 
 POLICY = SandboxPolicy(timeout_seconds=5, cpu_seconds=5)
 
@@ -223,3 +224,25 @@ def test_an_unreachable_workspace_root_is_a_clear_sandbox_error(settings, tmp_pa
     assert sandbox_status(refresh=True)["ok"]  # the self-test does not depend on the configured root
     result = execute_tool(name="run_command", workspace=workspace_for("s-hidden"), arguments={"command": "true"})
     assert result.error_code == "sandbox_error" and "lacks o+x" in result.error_message
+
+
+def test_command_env_reaches_the_command_exactly_and_never_its_command_line(
+        real_sandbox: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool's command environment (secrets resolved by the engine) is a file bound from a pipe
+    and sourced: quotes, $ and backticks arrive verbatim, and no value is on any argv."""
+    workspace = workspace_for("envtest")
+    value = "it's $HOME `id` \"q\" \\ end"
+    seen_argv: list[list[str]] = []
+    real_execute = process_module._execute
+
+    def spy(argv: list[str], **kwargs: object) -> object:
+        seen_argv.append(list(argv))
+        return real_execute(argv, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(process_module, "_execute", spy)
+    result = run_sandboxed(workspace=workspace, command='printf "%s|%s" "$API_TOKEN" "$HOME"',
+                           policy=SandboxPolicy(timeout_seconds=20), env={"API_TOKEN": value})
+    assert result.stdout == f"{value}|/workspace", result
+    assert seen_argv and not any(value in arg for argv in seen_argv for arg in argv)
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        argv_module.env_file_data({"BAD-NAME": "x"})

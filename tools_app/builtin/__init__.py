@@ -60,6 +60,12 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {tool.name: tool for tool in (
 )}
 
 
+# Where a built-in's arguments may reference a secret ({{secret:NAME}}, resolved by the engine at run
+# time). Anywhere else (a command line, a file's content, an email body) a reference is refused:
+# it would put the value where every process on the host or every reader of the file sees it.
+SECRET_ARGUMENT_FIELDS: dict[str, tuple[str, ...]] = {"http_request": ("url", "headers")}
+
+
 def _parse_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str]:
     if isinstance(arguments, bytes | bytearray):
         arguments = bytes(arguments).decode("utf-8", "replace")
@@ -83,17 +89,19 @@ def _parse_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str]:
 
 def execute_tool(*, name: str, workspace: Path, arguments: dict[str, Any] | str, timeout_seconds: int | None = None,
                  network: str = "none", idempotency_key: str = "", should_cancel: Callable[[], bool] | None = None,
-                 manifest_before: dict[str, Any] | None = None, live: OutputBatcher | None = None) -> ToolResult:
+                 manifest_before: dict[str, Any] | None = None, live: OutputBatcher | None = None,
+                 env: dict[str, str] | None = None) -> ToolResult:
     """Validate and run one built-in tool call. Never raises for bad input: it returns a failed result.
 
     ``timeout_seconds`` and ``network`` come from the ToolDefinition (the admin's settings);
     ``idempotency_key`` is the step's (send_email dedupes on it). ``manifest_before`` lets the engine
     pass the workspace manifest it stored before the call, so run_command does not take it twice.
+    ``env`` is the tool's command environment with its secrets resolved (run_command only).
     """
     started = time.monotonic()
     result = _execute(name=name, workspace=workspace, arguments=arguments, timeout_seconds=timeout_seconds,
                       network=network, idempotency_key=idempotency_key, should_cancel=should_cancel,
-                      manifest_before=manifest_before, live=live)
+                      manifest_before=manifest_before, live=live, env=env)
     result.duration_ms = round((time.monotonic() - started) * 1000, 3)
     result.output = cap_text(result.output)
     return result
@@ -101,7 +109,8 @@ def execute_tool(*, name: str, workspace: Path, arguments: dict[str, Any] | str,
 
 def _execute(*, name: str, workspace: Path, arguments: dict[str, Any] | str, timeout_seconds: int | None,
              network: str, idempotency_key: str, should_cancel: Callable[[], bool] | None,
-             manifest_before: dict[str, Any] | None, live: OutputBatcher | None) -> ToolResult:
+             manifest_before: dict[str, Any] | None, live: OutputBatcher | None,
+             env: dict[str, str] | None = None) -> ToolResult:
     tool = BUILTIN_TOOLS.get(name)
     if tool is None:
         return ToolResult.failure("unknown_tool", f"no built-in tool named {name[:100]!r}; known: "
@@ -117,7 +126,8 @@ def _execute(*, name: str, workspace: Path, arguments: dict[str, Any] | str, tim
         return ToolResult.failure("sandbox_error", f"the workspace {workspace} does not exist")
     ctx = ToolContext(workspace=Path(workspace), arguments=parsed,
                       timeout_seconds=max(1, min(int(timeout_seconds or tool.timeout_seconds), max_tool_timeout())),
-                      network=network, idempotency_key=idempotency_key, should_cancel=should_cancel, live=live)
+                      network=network, idempotency_key=idempotency_key, should_cancel=should_cancel, live=live,
+                      env=env)
     try:
         if tool.handler is run_command:
             return run_command(ctx, manifest_before=manifest_before)
@@ -138,6 +148,7 @@ def _execute(*, name: str, workspace: Path, arguments: dict[str, Any] | str, tim
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "SECRET_ARGUMENT_FIELDS",
     "BuiltinTool",
     "ToolResult",
     "execute_tool",

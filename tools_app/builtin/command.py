@@ -6,9 +6,10 @@ from typing import Any
 from django.conf import settings
 
 from tools_app.sandbox import SandboxPolicy, manifest_diff, run_sandboxed, workspace_manifest
+from tools_app.sandbox.argv import env_file_data
 
 from .files import published_from_changes
-from .registry import ToolContext, ToolResult, cap_text
+from .registry import ToolContext, ToolError, ToolResult, cap_text
 
 COMMAND_MAX_CHARS = 64 * 1024  # execve refuses a single argument over 128 KiB anyway
 
@@ -44,9 +45,14 @@ def run_command(ctx: ToolContext, manifest_before: dict[str, Any] | None = None)
     timeout = min(int(requested), ctx.timeout_seconds) if requested else ctx.timeout_seconds
     policy = policy_for(timeout_seconds=timeout, network=ctx.network)
     before = manifest_before if manifest_before is not None else workspace_manifest(ctx.workspace)
+    if ctx.env:
+        try:
+            env_file_data(ctx.env)
+        except ValueError as exc:
+            raise ToolError("invalid_arguments", f"the tool's command environment: {exc}") from exc
     result = run_sandboxed(workspace=ctx.workspace, command=ctx.arguments["command"],
                            cwd=ctx.arguments.get("cwd", "."), policy=policy, should_cancel=ctx.should_cancel,
-                           live=ctx.live)
+                           live=ctx.live, env=ctx.env)
     after = workspace_manifest(ctx.workspace, reuse=before)
     diff = manifest_diff(before, after)
     changes = {key: diff[key] for key in ("created", "modified", "deleted")}

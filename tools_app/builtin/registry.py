@@ -64,6 +64,7 @@ class ToolContext:
     idempotency_key: str
     should_cancel: Callable[[], bool] | None
     live: OutputBatcher | None = None  # a command's live output goes there (``tools_app.sandbox.progress``)
+    env: dict[str, str] | None = None  # extra environment of a sandboxed command (secrets resolved by the engine)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ child dies with it (--die-with-parent), and with it the whole pid namespace.
 """
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from .cgroup import PidsCgroup
@@ -22,6 +24,12 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SANDBOX_MOUNT, "T
 # Host files a command needs to run common tools; none of them hold secrets.
 _ETC_RO_BINDS = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types")
 _ETC_NET_BINDS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates", "/etc/nsswitch.conf")
+# A command's extra environment (secrets): a file bound from a pipe and sourced before the command,
+# so no value is ever on a command line (any host user reads /proc/<pid>/cmdline).
+ENV_FILE = "/run/agentops/env"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ENV_MAX_BYTES = 60_000
+_SOURCE_ENV = 'set -a; . "$0" || exit 125; set +a; exec /bin/sh -c "$1"'
 # Exit status of the launcher itself when it cannot set up limits (distinct from the command's).
 LAUNCHER_FAILED = 125
 # Joins the cgroups (when given: cgroup.procs files separated by spaces), sets the limits, drops
@@ -36,7 +44,7 @@ _LAUNCHER = (
 
 
 def bwrap_args(bwrap: str, *, workspace: Path, cwd_rel: str, policy: SandboxPolicy, passwd_fd: int,
-               group_fd: int, status_fd: int, seccomp_fd: int, command: str) -> list[str]:
+               group_fd: int, status_fd: int, seccomp_fd: int, command: str, env_fd: int | None = None) -> list[str]:
     # --disable-userns: the command cannot make a nested user namespace (where it would be uid 0
     # with every capability over it); the seccomp filter refuses unshare/clone flags besides.
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -65,8 +73,30 @@ def bwrap_args(bwrap: str, *, workspace: Path, cwd_rel: str, policy: SandboxPoli
              "--hostname", "sandbox"]
     for key, value in SANDBOX_ENV.items():
         args += ["--setenv", key, value]
-    args += ["/bin/sh", "-c", command]
+    if env_fd is not None:
+        args += ["--ro-bind-data", str(env_fd), ENV_FILE]
+    args += command_argv(command, ENV_FILE if env_fd is not None else None)
     return args
+
+
+def command_argv(command: str, env_file: str | None) -> list[str]:
+    """``/bin/sh -c command``, after sourcing ``env_file`` (exported) when there is one."""
+    if env_file is None:
+        return ["/bin/sh", "-c", command]
+    return ["/bin/sh", "-c", _SOURCE_ENV, env_file, command]
+
+
+def env_file_data(env: Mapping[str, str]) -> bytes:
+    """``NAME='value'`` lines for ``.``; ValueError for a name that is not a shell variable."""
+    lines = []
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name[:40]!r} is not a valid environment variable name")
+        lines.append(f"{name}='" + value.replace("'", "'\\''") + "'\n")
+    data = "".join(lines).encode()
+    if len(data) > ENV_MAX_BYTES:  # the pipe is written before the command starts: it must not block
+        raise ValueError(f"the command environment is {len(data)} bytes; the limit is {ENV_MAX_BYTES}")
+    return data
 
 
 def launcher_args(policy: SandboxPolicy, cgroup: PidsCgroup | None, has_cgroup_parent: bool) -> list[str]:

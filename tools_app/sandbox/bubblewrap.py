@@ -6,7 +6,7 @@ what happened.
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .backend import ensure_backend, unreachable_ancestor
@@ -29,12 +29,14 @@ def _prepare_cwd(workspace: Path, cwd: str) -> str:
 
 def run_sandboxed(*, workspace: Path, command: str, cwd: str = ".", policy: SandboxPolicy,
                   should_cancel: Callable[[], bool] | None = None,
-                  live: OutputBatcher | None = None) -> CommandResult:
+                  live: OutputBatcher | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
     """Run ``command`` with ``/bin/sh -c`` in the sandbox, ``workspace`` mounted at /workspace.
 
     Raises SandboxUnavailable when no backend works (never falls back to an unsafe one silently),
     PathDenied / FileNotFoundError for a bad ``cwd``. Everything that happens to the command
-    itself (timeout, limits, cancellation) is reported in the CommandResult, never raised.
+    itself (timeout, limits, cancellation) is reported in the CommandResult, never raised. ``env``
+    adds variables to the command's environment (a file bound from a pipe and sourced: no value
+    is ever on a command line).
     """
     backend, status = ensure_backend()
     if backend is None:
@@ -45,7 +47,8 @@ def run_sandboxed(*, workspace: Path, command: str, cwd: str = ".", policy: Sand
                                  "o+x (put AGENTOPS_WORKSPACE_ROOT under a traversable directory)")
     cwd_rel = _prepare_cwd(workspace, cwd)
     result = run_with_backend(backend, workspace=Path(os.path.realpath(workspace)), command=command,
-                              cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel, live=live)
+                              cwd_rel=cwd_rel, policy=policy, should_cancel=should_cancel, live=live,
+                              env=env)
     # After every command, not before: a command that frees space (rm) must still run.
     used = workspace_usage(workspace)
     if used > policy.workspace_quota_bytes:

@@ -8,11 +8,20 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .argv import LAUNCHER_FAILED, bwrap_args, data_fd, drop_privileges_args, launcher_args, passwd_data
+from .argv import (
+    LAUNCHER_FAILED,
+    bwrap_args,
+    command_argv,
+    data_fd,
+    drop_privileges_args,
+    env_file_data,
+    launcher_args,
+    passwd_data,
+)
 from .cgroup import PidsCgroup, cgroup_parent
 from .policy import CommandResult, SandboxPolicy
 from .progress import OutputBatcher
@@ -328,15 +337,19 @@ def _classify(result: CommandResult, *, reason: str, policy: SandboxPolicy, stat
 # --- one command on one backend -------------------------------------------------------------------
 
 def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel: str, policy: SandboxPolicy,
-                     should_cancel: Callable[[], bool] | None, live: OutputBatcher | None = None) -> CommandResult:
+                     should_cancel: Callable[[], bool] | None, live: OutputBatcher | None = None,
+                     env: Mapping[str, str] | None = None) -> CommandResult:
     """Run ``command`` in ``workspace`` (already checked) under ``backend``, in its own pids cgroup."""
     parent = cgroup_parent()
     cgroup = PidsCgroup(parent, policy.max_processes, policy.memory_bytes) if parent else None
     try:
         launcher = launcher_args(policy, cgroup, parent is not None)
+        env_fd = data_fd(env_file_data(env)) if env else None
         if backend.bwrap is None:
-            argv = launcher + drop_privileges_args() + ["/bin/sh", "-c", command]
-            return _execute(argv, cwd=os.path.join(workspace, cwd_rel), policy=policy, pass_fds=(), status_fd=None,
+            env_file = f"/dev/fd/{env_fd}" if env_fd is not None else None
+            argv = launcher + drop_privileges_args() + command_argv(command, env_file)
+            return _execute(argv, cwd=os.path.join(workspace, cwd_rel), policy=policy,
+                            pass_fds=(env_fd,) if env_fd is not None else (), status_fd=None,
                             cgroup=cgroup, should_cancel=should_cancel, backend=backend.name, live=live)
         passwd, group = passwd_data()
         passwd_fd, group_fd = data_fd(passwd), data_fd(group)
@@ -344,8 +357,9 @@ def run_with_backend(backend: Backend, *, workspace: Path, command: str, cwd_rel
         status_read, status_write = os.pipe()
         argv = launcher + drop_privileges_args() + bwrap_args(
             backend.bwrap, workspace=workspace, cwd_rel=cwd_rel, policy=policy, passwd_fd=passwd_fd,
-            group_fd=group_fd, status_fd=status_write, seccomp_fd=filter_fd, command=command)
-        return _execute(argv, cwd="/", policy=policy, pass_fds=(passwd_fd, group_fd, filter_fd, status_write),
+            group_fd=group_fd, status_fd=status_write, seccomp_fd=filter_fd, command=command, env_fd=env_fd)
+        extra = (env_fd,) if env_fd is not None else ()
+        return _execute(argv, cwd="/", policy=policy, pass_fds=(passwd_fd, group_fd, filter_fd, status_write, *extra),
                         status_fd=status_read, cgroup=cgroup, should_cancel=should_cancel, backend=backend.name,
                         live=live)
     finally:

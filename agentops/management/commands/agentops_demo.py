@@ -7,10 +7,12 @@ from django.db import transaction
 
 from agentops.models import Team, TeamMembership, TeamRole
 from mcp_app.demo_seed import mcp_demo_tracker_ensure
-from scripted_model.demo import DEMO_STARTER_FILES
+from scripted_model.demo import DEMO_STARTER_FILES, DEMO_STATUS_SECRET, DEMO_STATUS_TOKEN_ENV
 from sessions_app.models import AgentProfile
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
+from vault_app.models import Secret
+from vault_app.services import secret_create, secret_update
 
 DEMO_USERS = [("admin", "admins", True), ("operator", "operators", False), ("reviewer", "reviewers", False)]
 DEMO_INSTRUCTIONS = (
@@ -19,12 +21,30 @@ DEMO_INSTRUCTIONS = (
 )
 
 
+def _admin() -> User:
+    return User.objects.get(username="admin")
+
+
 class Command(BaseCommand):
     help = ("Create the team demo with the demo users (password = username, local use only), the tools and "
             "the demo agent profile.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model-url", default="", help="Base URL of the scripted model server.")
+
+    def _seed_status_secret(self, team: Team) -> None:
+        """The vault secret the demo's status API wants (its token comes from `make run`)."""
+        token = os.environ.get(DEMO_STATUS_TOKEN_ENV, "")
+        if not token:
+            return
+        existing = Secret.objects.filter(team=team, name=DEMO_STATUS_SECRET).first()
+        if existing is None:
+            secret_create(actor=_admin(), team_id=team.pk, name=DEMO_STATUS_SECRET, value=token,
+                          allowed_tools=["http_request"],
+                          description="Bearer token of the demo status API (scripted model server, /demo/status)")
+        else:
+            secret_update(actor=_admin(), secret_id=existing.pk, value=token)
+        self.stdout.write(f"vault: secret {DEMO_STATUS_SECRET!r} of team {team.slug!r} (http_request only)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
@@ -58,5 +78,6 @@ class Command(BaseCommand):
                       "max_tokens": 200_000, "max_wall_seconds": 3600},
         )
         profile.tools.set(ToolDefinition.objects.filter(kind="builtin", enabled=True))
+        self._seed_status_secret(team)
         self.stdout.write(f"demo agent {profile.slug!r} uses {base_url or 'the default OpenAI endpoint'} ({model})")
         return profile

@@ -1,0 +1,40 @@
+from datetime import datetime
+from uuid import UUID
+
+from ninja import Field, Schema
+
+
+class SecretCreateIn(Schema):
+    team: str = Field(..., min_length=1, max_length=100, description="The team's slug.")
+    name: str = Field(..., min_length=1, max_length=100)
+    value: str = Field(..., description="Write-only: never returned by any endpoint.")
+    allowed_tools: list[str] = Field(default_factory=list, max_length=1000)
+    description: str = Field("", max_length=500)
+    expires_at: datetime | None = None
+
+
+class SecretUpdateIn(Schema):
+    value: str | None = Field(None, description="A new value (write-only); absent keeps the current one.")
+    allowed_tools: list[str] | None = Field(None, max_length=1000)
+    description: str | None = Field(None, max_length=500)
+    expires_at: datetime | None = None
+    clear_expiry: bool = False
+
+
+class SecretOut(Schema):
+    id: UUID
+    team: str
+    name: str
+    description: str
+    allowed_tools: list[str]
+    expires_at: datetime | None
+    expired: bool
+    value_updated_at: datetime
+    created_by: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SecretPageOut(Schema):
+    items: list[SecretOut]
+    next_cursor: str | None
