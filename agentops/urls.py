@@ -6,10 +6,12 @@ from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from fanout_app.api import router as fanout_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
 
+api.add_router("", fanout_router)  # before sessions: /sessions/batch is not a session id
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
 

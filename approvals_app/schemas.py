@@ -40,6 +40,7 @@ class ApprovalOut(Schema):
     remember: bool
     expires_at: datetime | None
     created_at: datetime
+    lineage: dict[str, Any] | None = None  # a subagent's request: root session, parent step, agent path
 
 
 class ApprovalPageOut(Schema):

@@ -1,0 +1,19 @@
+"""Lineage and child cards on dashboard pages owned by other apps (a tag, so their views stay as they are)."""
+
+from typing import Any
+
+from django import template
+
+from fanout_app.selectors import subagent_children, subagent_lineage
+
+register = template.Library()
+
+
+@register.inclusion_tag("fanout/_lineage.html")
+def subagent_lineage_card(session_id: Any) -> dict[str, Any]:
+    return {"lineage": subagent_lineage(session_id)}
+
+
+@register.inclusion_tag("fanout/_children.html")
+def subagent_children_card(session_id: Any) -> dict[str, Any]:
+    return {"children": subagent_children(session_id), "session_id": session_id}
