@@ -6,6 +6,7 @@ from agentops import health
 from agentops.api import api
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from fanout_app import views as fanout_views
 from fanout_app.api import router as fanout_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
@@ -37,6 +38,9 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/pinned/", session_views.session_pinned_view, name="session_pinned"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
          name="artifact_download"),
+    path("batches/", fanout_views.batch_list_view, name="batch_list"),
+    path("batches/new/", fanout_views.batch_create_view, name="batch_create"),
+    path("batches/<uuid:batch_id>/", fanout_views.batch_detail_view, name="batch_detail"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),

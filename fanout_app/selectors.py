@@ -28,12 +28,12 @@ def subagent_children(session_id: Any) -> list[dict[str, Any]]:
         latest[turn.session_id] = turn
     out = []
     for link in links:
-        turn = latest.get(link.child_id)
+        last = latest.get(link.child_id)
         out.append({"session_id": str(link.child_id), "title": link.child.title, "index": link.index,
                     "parent_step_id": str(link.parent_step_id), "agent_path": link.agent_path,
                     "depth": link.depth, "session_status": link.child.status,
-                    "turn_status": turn.status if turn else None,
-                    "answer": (turn.output_text if turn else "")[:2000]})
+                    "turn_status": last.status if last else None,
+                    "answer": (last.output_text if last else "")[:2000]})
     return out
 
 

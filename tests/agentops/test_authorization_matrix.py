@@ -30,6 +30,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from agentops.models import ApiToken
+from fanout_app.models import Batch, BatchMember
 from approvals_app import services as approval_services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app import services as session_services
@@ -85,6 +86,10 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
      _row(401, 200, 404, 403, 403, 200, 200, 401)),
     # The turn is active: retrying it is the idempotent replay (200) for those allowed.
     ("api", "POST", "/api/turns/{turn}/retry", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
+    ("api", "GET", "/api/sessions/{busy}/subagents", None, READ_SAME),
+    ("api", "POST", "/api/sessions/batch", {"agent": "{agent}", "rows": [{"input": "hi"}]},
+     _row(401, 201, 404, 403, 403, 201, 201, 401)),
+    ("api", "GET", "/api/batches/{batch}", None, READ_SAME),
     ("page", "GET", "/", None, PAGE_LIST),
     ("page", "GET", "/health-panel/", None, PAGE_LIST),
     ("page", "GET", "/sessions/", None, PAGE_LIST),
@@ -101,6 +106,10 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
      _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "POST", "/sessions/{busy}/turns/{turn}/retry/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "GET", "/sessions/{busy}/artifacts/{artifact}/", None, PAGE_READ_SAME),
+    ("page", "GET", "/batches/", None, PAGE_LIST),
+    ("page", "POST", "/batches/new/", {"agent": "{agent}", "rows": '["hi"]'},
+     _row(302, 302, 422, 403, 403, 302, 302, 302)),
+    ("page", "GET", "/batches/{batch}/", None, PAGE_READ_SAME),
     ("page", "GET", "/approvals/", None, PAGE_LIST),
     ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),
     ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},
@@ -173,12 +182,14 @@ def build_world() -> World:
     client_turn = session_services.turn_create(session_id=client_session.id, input="ask the client")
     client_step = factories.step(client_turn, tool_name="lookup_customer", call_id="call_client")
     step_transition(step_id=client_step.id, to=Step.Status.RUNNING)
+    batch = Batch.objects.create(team=same, agent=agent, owner=owner, title="nightly", request_sha256="0" * 64, size=1)
+    BatchMember.objects.create(batch=batch, session=idle, row=0)
     tokens = {name: api_token(user) for name, user in users.items() if user is not None}
     ApiToken.objects.filter(user=users["revoked_token"]).update(revoked_at=timezone.now())
     return World(values={"agent": agent.slug, "busy": str(busy.id), "idle": str(idle.id), "turn": str(turn.id),
                          "client": str(client_session.id), "artifact": str(artifact.id),
                          "request": str(approval.request_id), "sha": approval.arguments_sha256,
-                         "grant": str(grant.pk)},
+                         "grant": str(grant.pk), "batch": str(batch.id)},
                  users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
 
 
@@ -204,7 +215,7 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
     normalise = {(m, p.replace("{busy}", "{session_id}").replace("{idle}", "{session_id}")
                   .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
                   .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
-                  .replace("{grant}", "{grant_id}")) for m, p in declared_api}
+                  .replace("{grant}", "{grant_id}").replace("{batch}", "{batch_id}")) for m, p in declared_api}
     assert operations == normalise, operations ^ normalise
 
     patterns = get_resolver().url_patterns
