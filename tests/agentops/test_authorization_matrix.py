@@ -225,6 +225,7 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
     declared_pages = {path.lstrip("/").replace("{busy}", "<uuid:session_id>").replace("{idle}", "<uuid:session_id>")
                       .replace("{artifact}", "<uuid:artifact_id>").replace("{request}", "<uuid:request_id>")
                       .replace("{grant}", "<int:grant_id>").replace("{turn}", "<uuid:turn_id>")
+                      .replace("{batch}", "<uuid:batch_id>")
                       for kind, _m, path, _b, _e in MATRIX if kind == "page"}
     assert pages == declared_pages, pages ^ declared_pages
     from agentops.routing import websocket_urlpatterns
