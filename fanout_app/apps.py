@@ -22,6 +22,10 @@ class FanoutAppConfig(AppConfig):
         from fanout_app import subagents
         from sessions_app import hooks
 
+        from fanout_app.templatetags.fanout_tags import children_fragment
+
+        for event_type in ("subagents.spawned", "subagent.finished"):
+            hooks.EVENT_FRAGMENTS[event_type] = children_fragment
         hooks.ENGINE_TOOLS[subagents.SPAWN_TOOL] = hooks.EngineTool(gate=subagents.subagents_spawn,
                                                                      poll=subagents.subagents_collect)
         if subagents.subagent_turn_ended not in hooks.TURN_ENDED:

@@ -7,6 +7,7 @@ A lower layer never imports a higher one: the higher app registers here in ``App
   waits and no worker is held); ``poll`` is asked, under the session lock, by every tick of a turn
   whose step waits, and settles it when its work is done. Both return the step's new status.
 - ``TURN_ENDED``: called inside the transaction that moved a turn to completed, failed or cancelled.
+- ``EVENT_FRAGMENTS``: event type → extra live fragment HTML for that event (the subagent cards).
 """
 
 from collections.abc import Callable
@@ -22,6 +23,7 @@ class EngineTool:
 
 ENGINE_TOOLS: dict[str, EngineTool] = {}
 TURN_ENDED: list[Callable[[Any], None]] = []
+EVENT_FRAGMENTS: dict[str, Callable[[dict[str, Any]], str]] = {}
 
 
 def engine_tool_waits(tool_name: str) -> bool:

@@ -121,8 +121,8 @@ def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentP
     client = login(reviewer)
     client.get(f"/approvals/{approval.request_id}/")
     # session, user, 2 permission reads, approval, viewed-audit throttle, team role, tool, turn steps,
-    # approvals of steps, deltas, audit trail
-    with django_assert_num_queries(12):
+    # approvals of steps, deltas, audit trail, the subagent lineage (fanout_app)
+    with django_assert_num_queries(13):
         response = client.get(f"/approvals/{approval.request_id}/")
     body = response.content.decode()
     assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body
