@@ -20,9 +20,8 @@ class FanoutAppConfig(AppConfig):
         # The engine sits below this app: it learns of the spawn tool and of ended turns through
         # ``sessions_app.hooks`` (a lower layer never imports a higher one).
         from fanout_app import subagents
-        from sessions_app import hooks
-
         from fanout_app.templatetags.fanout_tags import children_fragment
+        from sessions_app import hooks
 
         for event_type in ("subagents.spawned", "subagent.finished"):
             hooks.EVENT_FRAGMENTS[event_type] = children_fragment

@@ -30,9 +30,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from agentops.models import ApiToken
-from fanout_app.models import Batch, BatchMember
 from approvals_app import services as approval_services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
+from fanout_app.models import Batch, BatchMember
 from sessions_app import services as session_services
 from sessions_app.models import AgentSession, Artifact, Step, Turn
 from sessions_app.services import step_transition

@@ -48,7 +48,7 @@ def test_a_pool_of_two_runs_a_parent_with_five_children(spawner: AgentProfile, w
     assert step.lease_expires_at is None and step.lease_owner == ""
     turn = finished(turn, timeout=120)
     assert turn.status == Turn.Status.COMPLETED and turn.output_text == "all five done"
-    result = Step.objects.get(pk=step.pk).result
+    result = Step.objects.get(pk=step.pk).result or {}
     assert [c["answer"] for c in result["subagents"]] == [f"part {i} ok" for i in range(5)]
 
 
@@ -68,6 +68,6 @@ def test_a_sigkilled_worker_while_children_run_loses_nothing(spawner: AgentProfi
     worker_process(kind="gateway")
     turn = finished(turn, timeout=120)
     assert turn.status == Turn.Status.COMPLETED and turn.output_text == "survived"
-    result = Step.objects.get(turn=turn, tool_name="spawn_subagents").result
+    result = Step.objects.get(turn=turn, tool_name="spawn_subagents").result or {}
     assert [c["answer"] for c in result["subagents"]] == [f"part {i} ok" for i in range(3)]
     assert SubagentLink.objects.filter(parent=session).count() == 3  # spawned once, not again
