@@ -1,5 +1,6 @@
 """Batch pages: the list, the start form (paste or upload), and a batch's live progress (htmx polling)."""
 
+import json
 from uuid import UUID
 
 from django.contrib.auth.decorators import login_required, permission_required
@@ -11,14 +12,20 @@ from agentops.domain import DomainError, NotFound
 from agentops.http import AuthedRequest, HtmxHttpRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
 from fanout_app import batches, selectors
+from fanout_app.demo_airline import AIRLINE_AGENT
 from fanout_app.forms import BatchStartForm
+from scripted_model.scenarios_airline import AIRLINE_CASES
 from sessions_app import selectors as session_selectors
 
 
 def _list(request: AuthedRequest, form: BatchStartForm, status: int = 200) -> HttpResponse:
+    agents = session_selectors.agents_to_start(user=request.user)
+    # The airline demo in one click: its cases as a batch of the rebooking desk (when it is seeded).
+    airline = json.dumps(AIRLINE_CASES) if agents.filter(slug=AIRLINE_AGENT).exists() else ""
     return render(request, "fanout/batch_list.html",
                   {"nav": "batches", "form": form, "batches": selectors.batches_list(user=request.user)[:50],
-                   "can_operate": has_perm(request.user, OPERATE_SESSIONS)}, status=status)
+                   "can_operate": has_perm(request.user, OPERATE_SESSIONS), "airline_rows": airline,
+                   "airline_agent": AIRLINE_AGENT}, status=status)
 
 
 @require_GET

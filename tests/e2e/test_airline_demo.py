@@ -1,8 +1,7 @@
-"""The airline rebooking desk from the dashboard: the operator pastes the cases into the Batches
-page, the cases run in parallel with two subagents each, and the reviewer approves the final
+"""The airline rebooking desk from the dashboard: the operator starts the demo's batch in one click
+on the Batches page, the cases run in parallel with two subagents each, and the reviewer approves the final
 rebooking on a page that shows the passengers, flights and seats. Screenshots go to docs/screenshots."""
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,10 @@ def test_airline_demo_from_the_dashboard_to_the_reviewers_final_approval(browser
     operator = login(browser, stack, "operator", viewport={"width": 1280, "height": 900})
     problems = watch_console(operator)
     operator.goto(f"{stack.url}/batches/")
-    operator.select_option("#batch-form select[name=agent]", "rebooking-desk")
-    operator.fill("#batch-form input[name=title]", "UA 100 cancelled")
-    operator.fill("#batch-form textarea[name=rows]", json.dumps(AIRLINE_CASES, indent=1))
-    operator.click("#batch-form button[type=submit]")
+    operator.click("#airline-start")  # one click: the demo's cases as a batch of the rebooking desk
     operator.wait_for_url("**/batches/*-*/")
-    batch = Batch.objects.get(title="UA 100 cancelled")
+    batch = Batch.objects.get(title="UA 100 cancelled: rebooking desk")
+    assert batch.size == len(AIRLINE_CASES)
 
     # The sandboxed verification scripts ask first; the operator's reviewer approves them here.
     for tool in ("run_command", "hold_seats"):
