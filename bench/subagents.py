@@ -58,13 +58,15 @@ def main() -> None:
         spawn = json.dumps({"tasks": [{"instructions": "Check A.", "input": child},
                                       {"instructions": "Check B.", "input": child}]})
         t0 = time.monotonic()
-        floor, _ = batch_create(agent=agent, owner=owner, rows=[{"input": child}] * (3 * n), title=f"floor {time.time()}")
+        floor, _ = batch_create(agent=agent, owner=owner, rows=[{"input": child}] * (3 * n),
+                                title=f"floor {time.time()}")
         floor_ids = [str(i) for i in floor.members.values_list("session_id", flat=True)]
         floor_wall = _wait_idle(floor_ids, 600, worker) - t0
 
         t0 = time.monotonic()
-        batch, _ = batch_create(agent=agent, owner=owner, rows=[{"input": f"tool spawn_subagents {spawn}\nsay done"}] * n,
-                             title=f"subagents {time.time()}")
+        parent = f"tool spawn_subagents {spawn}\nsay done"
+        batch, _ = batch_create(agent=agent, owner=owner, rows=[{"input": parent}] * n,
+                                title=f"subagents {time.time()}")
         parent_ids = [str(i) for i in batch.members.values_list("session_id", flat=True)]
         while SubagentLink.objects.filter(parent_id__in=parent_ids).count() < 2 * n:
             worker.check()

@@ -5,7 +5,6 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from approvals_app.models import ApprovalRequest
