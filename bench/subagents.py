@@ -14,13 +14,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import Worker, bench_agent, cleanup_workspaces, configure, start_model  # noqa: E402
 
 
-def _wait_idle(session_ids: list[str], timeout: float, worker: Worker) -> float:
+def _wait_idle(session_ids: list[Any], timeout: float, worker: Worker) -> float:
     from sessions_app.models import Turn
 
     started = time.monotonic()
@@ -60,19 +61,18 @@ def main() -> None:
         t0 = time.monotonic()
         floor, _ = batch_create(agent=agent, owner=owner, rows=[{"input": child}] * (3 * n),
                                 title=f"floor {time.time()}")
-        floor_ids = [str(i) for i in floor.members.values_list("session_id", flat=True)]
+        floor_ids = list(floor.members.values_list("session_id", flat=True))
         floor_wall = _wait_idle(floor_ids, 600, worker) - t0
 
         t0 = time.monotonic()
         parent = f"tool spawn_subagents {spawn}\nsay done"
         batch, _ = batch_create(agent=agent, owner=owner, rows=[{"input": parent}] * n,
                                 title=f"subagents {time.time()}")
-        parent_ids = [str(i) for i in batch.members.values_list("session_id", flat=True)]
+        parent_ids = list(batch.members.values_list("session_id", flat=True))
         while SubagentLink.objects.filter(parent_id__in=parent_ids).count() < 2 * n:
             worker.check()
             time.sleep(0.2)
-        child_ids = [str(i) for i in SubagentLink.objects.filter(parent_id__in=parent_ids)
-                     .values_list("child_id", flat=True)]
+        child_ids = list(SubagentLink.objects.filter(parent_id__in=parent_ids).values_list("child_id", flat=True))
         wall = _wait_idle(parent_ids + child_ids, 900, worker) - t0
         completed = Turn.objects.filter(session_id__in=parent_ids, status="completed").count()
         sessions = AgentSession.objects.filter(pk__in=parent_ids + child_ids).count()

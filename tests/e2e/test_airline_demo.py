@@ -67,9 +67,11 @@ def test_airline_demo_from_the_dashboard_to_the_reviewers_final_approval(browser
             reviewer.screenshot(path=str(DOCS / "airline-rebooking-approval.png"), full_page=True)
         reviewer.click("#approve-form button[value=approve]")
         reviewer.wait_for_url(f"{stack.url}/approvals/")
-    for turn in Turn.objects.filter(session__batch_member__batch=batch):
-        done = wait_for(lambda t=turn: Turn.objects.filter(pk=t.pk).exclude(status__in=Turn.ACTIVE).first(), 90,
-                        "the case to finish")
+    def all_done() -> list[Turn] | None:
+        turns = list(Turn.objects.filter(session__batch_member__batch=batch))
+        return turns if all(not t.is_active for t in turns) else None
+
+    for done in wait_for(all_done, 90, "the cases to finish"):
         assert done.status == "completed", (done.error_code, done.error_message)
     assert SubagentLink.objects.filter(parent__batch_member__batch=batch).count() == 4
     operator.goto(f"{stack.url}/batches/{batch.id}/")
