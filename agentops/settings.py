@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "sessions_app",
     "approvals_app",
     "fanout_app",
+    "mcp_app",
     "agentops",
 ]
 

@@ -8,6 +8,7 @@ from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
 from fanout_app import views as fanout_views
 from fanout_app.api import router as fanout_router
+from mcp_app.api import router as mcp_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
@@ -15,6 +16,7 @@ from sessions_app.api import router as sessions_router
 api.add_router("", fanout_router)  # before sessions: /sessions/batch is not a session id
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
+api.add_router("", mcp_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

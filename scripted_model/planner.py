@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scripted_model.demo import demo_steps
+from scripted_model.demo_mcp import demo_for
 from scripted_model.scenarios_airline import airline_steps
 from scripted_model.script import ScriptError, ScriptStep, ToolCall, parse_script
 
@@ -264,7 +264,7 @@ def prohibition_checks(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"checks": checks}
 
 
-def plan_reply(messages: list[dict[str, Any]]) -> Reply:
+def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Reply:
     """Decide the model's answer to a conversation. Pure: the same messages give the same reply."""
     latest_user = _latest_user_index(messages)
     script_text = latest_user_text(messages)
@@ -284,7 +284,7 @@ def plan_reply(messages: list[dict[str, Any]]) -> Reply:
 
     try:
         parsed = parse_script(script_text)
-        steps = parsed if parsed is not None else (airline_steps(script_text) or demo_steps())
+        steps = parsed if parsed is not None else (airline_steps(script_text) or demo_for(tools))
     except ScriptError as exc:
         # Surfaced as the answer (not a 400) so a test author sees the typo in the turn output.
         steps = [ScriptStep(0, (), f"(script error: {exc})")]

@@ -173,7 +173,7 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
                                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
                     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
                 return
-        reply = plan_reply(body["messages"])
+        reply = plan_reply(body["messages"], body.get("tools"))
         if reply.sleep_ms:
             time.sleep(reply.sleep_ms / 1000)
         if reply.error_status is not None and self.server.ledger.first_time(reply.position_key):

@@ -22,6 +22,8 @@ VERSIONED_FIELDS = ("name", "kind", "parameters_schema", "network", "timeout_sec
 def tool_version(tool: ToolDefinition) -> str:
     """A short hash of the definition's behaviour-changing fields: any admin edit changes it."""
     doc = {name: getattr(tool, name) for name in VERSIONED_FIELDS}
+    if tool.source_version:  # only tools from a source have one: built-ins keep their version
+        doc["source_version"] = tool.source_version
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
 
 

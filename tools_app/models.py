@@ -30,6 +30,7 @@ class NetworkPolicy(models.TextChoices):
 class ToolKind(models.TextChoices):
     BUILTIN = "builtin", "Built-in (runs in the sandbox)"
     CLIENT = "client", "Client (the integration submits the output)"
+    MCP = "mcp", "MCP server (a registered tool runner calls it; see tools_app.runners)"
 
 
 class OutboxStatus(models.TextChoices):
@@ -66,6 +67,9 @@ class ToolDefinition(models.Model):
     approval_ttl_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="How long a request may wait; empty = the site default.")
     enabled = models.BooleanField(default=True)
+    # Where a tool from outside agentops comes from, as a hash (an MCP server's identity, the
+    # tool's remote name and schema): part of the tool's version, so of every approval's hash.
+    source_version = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

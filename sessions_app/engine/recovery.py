@@ -172,7 +172,9 @@ def _recover(step: Step) -> str:
         _back_to(step, Step.Status.APPROVED)
         return "retry"
     workspace = Path(step.session.workspace) if step.session.workspace else None
-    if tool is None or tool.network != NetworkPolicy.NONE or workspace is None:
+    # An MCP tool's effect lives in its server, not in the workspace: no manifest can tell.
+    if tool is None or tool.network != NetworkPolicy.NONE or workspace is None \
+            or tool.kind == ToolDefinition.Kind.MCP:
         return _in_doubt(step, "The worker died while the call ran; it may have reached the network, so its "
                                "effect is unknown.")
     # The manifest is saved before the command starts: without it nothing ran.

@@ -47,6 +47,7 @@ from sessions_app.services import (
 from tools_app.binding import run_spec, spec_differences, spec_sha256, with_arguments
 from tools_app.builtin import BUILTIN_TOOLS, execute_tool, validate_arguments, write_file_preview
 from tools_app.models import ApprovalMode, ToolDefinition
+from tools_app.runners import ToolRun, tool_runner
 from tools_app.sandbox import (
     OutputBatcher,
     PathDenied,
@@ -111,6 +112,8 @@ def tool_available(session: AgentSession, tool_name: str) -> ToolDefinition | No
 
 def tool_risk(tool: ToolDefinition) -> tuple[str, str]:
     """The risk shown to the reviewer, and why."""
+    if tool.kind == ToolDefinition.Kind.MCP:
+        return "high", "This call goes to an MCP server: its effect is outside agentops's sandbox and workspace."
     if tool.network == "host":
         return "high", "This call may reach the network from the sandbox."
     if tool.name in ("send_email", "http_request"):
@@ -286,12 +289,20 @@ def tool_step_execute(step: Step, approval: ApprovalRequest | None, session: Age
         # Effect evidence before a mutating command: recovery compares the workspace with it.
         manifest = workspace_manifest(workspace)
         Step.objects.filter(pk=step.pk).update(manifest=manifest)
-    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
-                          timeout_seconds=tool.timeout_seconds if tool else None,
-                          network=tool.network if tool else "none",
-                          idempotency_key=step.idempotency_key or str(step.id),
-                          should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest,
-                          live=live_output(step))
+    runner = tool_runner(tool.kind) if tool is not None else None
+    if runner is not None and tool is not None:  # a tool from a source (MCP): its app runs it
+        result = runner(ToolRun(tool_name=tool.name, arguments=step.arguments, workspace=workspace,
+                                timeout_seconds=tool.timeout_seconds, network=tool.network,
+                                team_id=session.team_id, session_id=str(session.id), step_id=str(step.id),
+                                idempotency_key=step.idempotency_key or str(step.id),
+                                should_cancel=lambda: step_is_cancelled(step.id)))
+    else:
+        result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
+                              timeout_seconds=tool.timeout_seconds if tool else None,
+                              network=tool.network if tool else "none",
+                              idempotency_key=step.idempotency_key or str(step.id),
+                              should_cancel=lambda: step_is_cancelled(step.id), manifest_before=manifest,
+                              live=live_output(step))
     failpoint_after_tool(step.tool_name)
     payload = result.to_dict()
     if approval is not None and approval.edited_arguments is not None:

@@ -73,6 +73,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "GET", "/api/artifacts/{artifact}/content", None, READ_SAME),
     ("api", "GET", "/api/agents", None, LIST),
     ("api", "GET", "/api/tools", None, LIST),
+    ("api", "GET", "/api/mcp/servers", None, LIST),
     ("api", "GET", "/api/approvals", None, LIST),
     ("api", "GET", "/api/approvals/{request}", None, READ_SAME),
     ("api", "POST", "/api/approvals/{request}/decision", {"decision": "approve", "arguments_sha256": "{sha}"},

@@ -7,6 +7,7 @@ from django.db import transaction
 
 from agentops.models import Team, TeamMembership, TeamRole
 from fanout_app.demo_airline import airline_agent_seed, airline_batch_start
+from mcp_app.demo_seed import mcp_demo_tracker_ensure
 from scripted_model.demo import DEMO_STARTER_FILES
 from sessions_app.models import AgentProfile
 from tools_app.models import ToolDefinition
@@ -28,8 +29,18 @@ class Command(BaseCommand):
         parser.add_argument("scenario", nargs="?", choices=["airline"],
                             help="Also start a scenario: airline = the rebooking desk's batch of cases.")
 
-    @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
+        with transaction.atomic():
+            profile = self._seed(options)
+        # The incident tracker (an MCP server) is discovered outside the transaction: it runs a process.
+        tracker = mcp_demo_tracker_ensure(team=profile.team)
+        profile.tools.add(*tracker)
+        self.stdout.write(f"demo incident tracker (MCP): {len(tracker)} tools")
+        if options.get("scenario") == "airline":
+            batch = airline_batch_start(owner=User.objects.get(username="operator"))
+            self.stdout.write(f"airline batch started: /batches/{batch.id}/ ({batch.size} cases)")
+
+    def _seed(self, options: dict[str, Any]) -> AgentProfile:
         tool_definitions_seed()
         team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
         for username, group, is_admin in DEMO_USERS:
@@ -57,6 +68,4 @@ class Command(BaseCommand):
         self.stdout.write(f"demo agent {profile.slug!r} uses {base_url or 'the default OpenAI endpoint'} ({model})")
         desk = airline_agent_seed(team=team, base_url=base_url, model=model)
         self.stdout.write(f"demo agent {desk.slug!r} (airline rebooking desk, subagents)")
-        if options.get("scenario") == "airline":
-            batch = airline_batch_start(owner=User.objects.get(username="operator"))
-            self.stdout.write(f"airline batch started: /batches/{batch.id}/ ({batch.size} cases)")
+        return profile

@@ -1,0 +1,22 @@
+from datetime import datetime
+
+from ninja import Schema
+
+
+class McpToolOut(Schema):
+    name: str
+    remote_name: str
+    approval_mode: str
+    suggested_mode: str
+    present: bool
+
+
+class McpServerOut(Schema):
+    name: str
+    team: str
+    transport: str
+    enabled: bool
+    status: str
+    status_message: str
+    checked_at: datetime | None
+    tools: list[McpToolOut]
