@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean proof
+.PHONY: run test lint install clean proof bench-peers
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,5 +31,20 @@ test: $(STAMP)
 proof: $(STAMP)
 	$(BIN)/python -m proof $(if $(FULL),--full,) $(PROOFS)
 
+# agentops beside LangGraph, DBOS and the OpenAI Agents SDK on the same work and database (issue 13).
+# The peers get their own virtualenv from bench/peers-requirements.txt; DATABASE_URL names the
+# database (default postgres://postgres@127.0.0.1:5432/bench_peers). PEERS_ARGS: e.g. --rounds 5 --ns 200.
+PEERS_VENV := bench/.venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/peers-requirements.txt
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers-requirements.txt
+	touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python bench/peers.py $(PEERS_ARGS)
+
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var $(PEERS_VENV)

@@ -116,9 +116,30 @@ def turn_kick_taken(turn_id: uuid.UUID | str) -> None:
         log.warning("could not clear the kick marker of turn %s; it expires by itself", turn_id)
 
 
+def _no_host(step_id: str) -> str | None:
+    return None
+
+
+# The queue of the host a tool step's session is pinned to: ``sandbox.<host>``; "" when a runner
+# fetches the step itself (nothing is sent); None: the shared ``sandbox`` queue (one machine).
+# hosts_app sets it in AppConfig.ready().
+tool_queue_for: Callable[[str], str | None] = _no_host
+
+
 def tool_run_enqueue(step_id: uuid.UUID | str) -> None:
-    """Hand an approved tool step to the sandbox workers (Celery queue ``sandbox``)."""
-    _on_commit(f"tool step {step_id}", lambda: app.send_task(TOOL_RUN, args=[str(step_id)]))
+    """Hand an approved tool step to its session's sandbox host (Celery queue ``sandbox.<host>``,
+    or ``sandbox`` with no hosts), or leave it for the session's runner to fetch."""
+    def send() -> None:
+        queue = tool_queue_for(str(step_id))
+        if queue != "":
+            app.send_task(TOOL_RUN, args=[str(step_id)], queue=queue)
+
+    _on_commit(f"tool step {step_id}", send)
+
+
+def host_task_enqueue(name: str, args: list[str], *, queue: str) -> None:
+    """Send a task to one sandbox host's queue after commit (previews, manifest checks)."""
+    _on_commit(f"{name} {args}", lambda: app.send_task(name, args=args, queue=queue))
 
 
 def model_call_enqueue(step_id: uuid.UUID | str) -> None:

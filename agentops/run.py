@@ -1,9 +1,11 @@
 """`make run`: the whole product on one machine, one URL printed, every child stopped on exit.
 
 Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
-OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne, a Celery
-worker (ticks and commands, with beat for the recovery sweeper) and the model gateway (the model
-calls, $AGENTOPS_GATEWAY_CONCURRENCY at once).
+OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne
+($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
+with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local)
+and the model gateway (the model calls,
+$AGENTOPS_GATEWAY_CONCURRENCY at once).
 """
 
 import os
@@ -17,6 +19,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from agentops import webserve
 from agentops.embedded_redis import embedded_redis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +67,8 @@ def main() -> int:
             print(f"embedded Redis at {env['REDIS_URL']} (set REDIS_URL to use your own)")
         model_url = ""
 
-        def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
-            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+        def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, pass_fds=pass_fds)
             children.append((name, proc))
             return proc
 
@@ -93,15 +96,23 @@ def main() -> int:
             subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
             subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
                            check=True)
-            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
-                             "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
-                             "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")])
+            # The worker is also this machine's sandbox host "local" (queue sandbox.local): it registers
+            # and heartbeats, sessions are pinned to it, and every process here shares its workspaces.
+            local_host = env.get("AGENTOPS_SANDBOX_HOST") or "local"
+            worker = subprocess.Popen(
+                [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", f"engine,sandbox,sandbox.{local_host}",
+                 "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
+                 "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")],
+                cwd=ROOT, env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
+                start_new_session=True)
+            children.append(("worker", worker))
+            env["AGENTOPS_WORKSPACE_HOST"] = local_host
             spawn("gateway", [PY, "manage.py", "model_gateway"])
-            # A listen backlog for bursts (twisted's default is 50) and a WebSocket handshake window
-            # wider than daphne's 5 s, which a busy process misses (it then resets the client).
-            web = spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={port}:interface={host}:backlog=1024",
-                                "--websocket_connect_timeout", "30", "agentops.asgi:application"])
-            wait_port(port, web, "daphne")
+            # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
+            # process is bound to one core by the GIL (agentops/webserve.py).
+            sock = stack.enter_context(webserve.listen(host, port))
+            for n in range(webserve.web_processes()):
+                spawn(f"web {n + 1}", webserve.daphne_command(PY, sock), pass_fds=(sock.fileno(),))
             _wait_healthy(port)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"make run failed: {exc}", file=sys.stderr)

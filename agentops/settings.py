@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "approvals_app",
     "fanout_app",
     "mcp_app",
+    "hosts_app",
     "agentops",
 ]
 
@@ -173,10 +174,13 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.recovery_sweep_task": {"queue": "engine"},
     "sessions_app.tasks.turn_kick_task": {"queue": "engine"},
     "sessions_app.tasks.retention_sweep_task": {"queue": "engine"},
+    "hosts_app.tasks.host_sweep_task": {"queue": "engine"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",
                        "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
+    "host-sweep": {"task": "hosts_app.tasks.host_sweep_task",
+                   "schedule": env.float("AGENTOPS_SWEEP_SECONDS", default=15.0)},
     "retention-sweep": {"task": "sessions_app.tasks.retention_sweep_task",
                         "schedule": env.float("AGENTOPS_RETENTION_SWEEP_SECONDS", default=3600.0)},
 }
@@ -287,6 +291,12 @@ TIME_ZONE = env.str("TIME_ZONE", default="UTC")
 USE_I18N = True
 USE_TZ = True
 
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Published files, uploaded by the sandbox host that captured them (agentops/storage.py).
+    "artifacts": {"BACKEND": env.str("AGENTOPS_ARTIFACT_STORAGE", default="agentops.storage.ArtifactStorage")},
+}
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
@@ -302,3 +312,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
 }
+
+# Sandbox hosts (hosts_app, README "Several machines"). A worker started with AGENTOPS_SANDBOX_HOST
+# is that host: it registers (pool, labels, capacity, self-test), heartbeats and consumes the
+# queue sandbox.<name>. AGENTOPS_WORKSPACE_HOST names the host whose workspace root this process
+# shares: the engine may open those workspaces itself (one machine); "" on engine/llm machines of
+# a multi-host deployment, which then never open a workspace.
+AGENTOPS_SANDBOX_HOST = env.str("AGENTOPS_SANDBOX_HOST", default="")
+AGENTOPS_SANDBOX_HOST_POOL = env.str("AGENTOPS_SANDBOX_HOST_POOL", default="default")
+AGENTOPS_SANDBOX_HOST_LABELS = env.list("AGENTOPS_SANDBOX_HOST_LABELS", default=[])
+AGENTOPS_SANDBOX_HOST_CAPACITY = env.int("AGENTOPS_SANDBOX_HOST_CAPACITY", default=8)
+AGENTOPS_WORKSPACE_HOST = env.str("AGENTOPS_WORKSPACE_HOST", default=AGENTOPS_SANDBOX_HOST or "local")
+AGENTOPS_HOST_HEARTBEAT_SECONDS = env.float("AGENTOPS_HOST_HEARTBEAT_SECONDS", default=5.0)
+# No heartbeat for this long: offline. An interrupted command of an offline host waits this long
+# for the host to return (its manifest is then checked there) before a reviewer decides.
+AGENTOPS_HOST_OFFLINE_SECONDS = env.float("AGENTOPS_HOST_OFFLINE_SECONDS", default=20.0)
+AGENTOPS_HOST_GIVE_UP_SECONDS = env.float("AGENTOPS_HOST_GIVE_UP_SECONDS", default=600.0)
+# Customer runners: how long one long-poll waits for a job.
+AGENTOPS_RUNNER_POLL_SECONDS = env.float("AGENTOPS_RUNNER_POLL_SECONDS", default=20.0)

@@ -8,6 +8,9 @@ from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
 from fanout_app import views as fanout_views
 from fanout_app.api import router as fanout_router
+from hosts_app import views as host_views
+from hosts_app.api import router as hosts_router
+from hosts_app.runner_api import router as runner_router
 from mcp_app.api import router as mcp_router
 from openai_api.api import api as openai_api
 from sessions_app import views as session_views
@@ -16,6 +19,8 @@ from sessions_app.api import router as sessions_router
 api.add_router("", fanout_router)  # before sessions: /sessions/batch is not a session id
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
+api.add_router("", hosts_router)
+api.add_router("/runner", runner_router)
 api.add_router("", mcp_router)
 
 urlpatterns = [
@@ -47,4 +52,5 @@ urlpatterns = [
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),
     path("grants/<int:grant_id>/revoke/", approval_views.grant_revoke_view, name="grant_revoke"),
+    path("hosts/", host_views.host_list_view, name="host_list"),
 ]

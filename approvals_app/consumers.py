@@ -18,7 +18,7 @@ from agentops.permissions import VIEW_APPROVALS, has_perm
 from agentops.streamaccess import Watchdog, credential_of_scope
 from agentops.teams import team_ids
 from sessions_app import selectors
-from sessions_app.announce import approvals_group
+from sessions_app.announce import approvals_group, unbatch
 from sessions_app.fragments import render_event_fragments
 
 # An event is stamped inside its transaction, before it commits: look back a little further.
@@ -98,6 +98,11 @@ class ApprovalsConsumer(JsonConsumer):
     async def event_message(self, message: dict[str, Any]) -> None:
         if self.ready:  # earlier messages are in the hello's backlog
             await self.send_json({"type": "event", "event": message["event"], "html": message.get("html", "")})
+
+    async def event_batch(self, message: dict[str, Any]) -> None:
+        """Several approval events from one announcement, in order: each forwarded."""
+        for item in unbatch(message):
+            await self.event_message(item)
 
 
 def _since(value: Any) -> datetime:

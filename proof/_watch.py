@@ -6,8 +6,11 @@ dashboard does (``live.js``): ``hello`` with the last seq it has, then live even
 makes it ask for the missing range (``resend``), a dropped connection makes it connect again from
 its last seq. The line ``replay`` makes every client ask once more for everything after its last
 seq (what a client does when it comes back: the tail of a session has no later event to reveal a
-gap); ``stop`` (or the end of stdin) ends it. It prints one JSON report: per client what it
-received (each seq counted), push latency (event created → received, live events only).
+gap); ``expect <session id> <seq>`` says the session's last seq (the proof read it from the
+database once the work ended); ``stop`` (or the end of stdin) ends it, once every client of an
+expected session has that seq (a replay answered by a busy server takes seconds) or after 45 s.
+It prints one JSON report: per client what it received (each seq counted), push latency (event
+created → received, live events only).
 """
 
 import asyncio
@@ -26,6 +29,7 @@ class Client:
         self.counts: dict[int, int] = {}  # seq → times received (the client keeps the first)
         self.last = 0
         self.latencies: list[float] = []
+        self.split: list[tuple[float, float]] = []  # (created → announced, announced → received) ms
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -40,7 +44,8 @@ class Client:
     def seqs(self) -> set[int]:
         return set(self.counts)
 
-    def receive(self, event: dict[str, Any], live_after: float) -> dict[str, Any] | None:
+    def receive(self, event: dict[str, Any], live_after: float, announced_at: float | None = None
+                ) -> dict[str, Any] | None:
         """Take one event; returns a resend request when it shows a gap."""
         received = self.last_message_at = time.time()
         seq = int(event.get("seq", 0))
@@ -57,6 +62,8 @@ class Client:
         created = datetime.fromisoformat(str(event["created_at"])).timestamp()
         if created > live_after:
             self.latencies.append((received - created) * 1000)
+            if announced_at is not None:  # the sender's share, and the server's and client's
+                self.split.append(((announced_at - created) * 1000, (received - announced_at) * 1000))
         return ask
 
     async def run_ws(self, http: aiohttp.ClientSession, base: str) -> None:
@@ -74,7 +81,7 @@ class Client:
                             break
                         data = json.loads(message.data)
                         if data.get("type") == "event":
-                            ask = self.receive(data["event"], live_after)
+                            ask = self.receive(data["event"], live_after, data.get("announced_at"))
                             if ask is not None:
                                 await ws.send_json(ask)
                     self.ws = None
@@ -147,6 +154,7 @@ async def main() -> None:
     ws_each, sse_each = int(sys.argv[4]), int(sys.argv[5])
     clients: list[Client] = []
     tasks: list[asyncio.Task[None]] = []
+    expected: dict[str, int] = {}  # session id → its last seq, once the proof knows it
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True),
                                      timeout=aiohttp.ClientTimeout(total=None),
                                      connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -158,10 +166,16 @@ async def main() -> None:
             line = (await reader.readline()).decode().strip()
             if not line or line == "stop":
                 # Drain: what is on its way (a replay, a backlog behind) arrives before the report.
-                deadline = time.time() + 60
-                while time.time() < deadline and any(time.time() - c.last_message_at < 2 for c in clients):
+                deadline = time.time() + 45  # the proofs wait 60 s for the report
+                while time.time() < deadline and (
+                        any(time.time() - c.last_message_at < 2 for c in clients)
+                        or any(c.last < expected.get(c.session_id, 0) for c in clients)):
                     await asyncio.sleep(0.5)
                 break
+            if line.startswith("expect "):
+                _, session_id, seq = line.split()
+                expected[session_id] = int(seq)
+                continue
             if line == "replay":
                 await asyncio.gather(*(c.replay() for c in clients))
                 continue
@@ -181,7 +195,8 @@ async def main() -> None:
                            "duplicates": sum(n - 1 for n in c.counts.values()), "gaps": c.gaps,
                            "by_replay": c.by_replay,
                            "reconnects": c.reconnects, "errors": sorted(set(c.errors))[:3]} for c in clients],
-              "latencies_ms": [x for c in clients for x in c.latencies]}
+              "latencies_ms": [x for c in clients for x in c.latencies],
+              "split_ms": [x for c in clients for x in c.split]}
     print(json.dumps(report), flush=True)
 
 

@@ -1,7 +1,8 @@
 """The product's real processes for a proof, each restartable, with a private Redis.
 
 Processes (one per role, so a chaos loop can kill any one of them): the scripted model server,
-daphne, a Celery worker for ticks (``engine``), one for commands (``sandbox``), the asyncio model
+daphne (``web``, ``web-2``, …: $AGENTOPS_WEB_PROCESSES processes on one listening socket held
+here, as ``make run`` does), a Celery worker for ticks (``engine``), one for commands (``sandbox``), the asyncio model
 gateway, and Celery beat (the sweeper). Redis is a ``redis-server`` of the proof's own on a port
 of its own (never the machine's: other people's workers use it); PostgreSQL is the machine's
 server with a database of the proof's own. Everything is stopped on ``stop()``.
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentops import webserve
 from agentops.embedded_redis import redis_binary
 from proof._common import ROOT
 
@@ -76,6 +78,12 @@ class Stack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    web_socket: socket.socket | None = None
+    web_processes: int | None = None  # None: as make run ($AGENTOPS_WEB_PROCESSES, default 2)
+
+    @property
+    def web_names(self) -> list[str]:
+        return [name for name in self.commands if name.startswith("web")]
 
     @property
     def url(self) -> str:
@@ -99,12 +107,13 @@ class Stack:
         return env
 
     def start(self) -> None:
+        self.web_socket = sock = webserve.listen("127.0.0.1", self.web_port)
         self.commands = {
             "redis": [redis_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
                       "--appendonly", "no", "--dir", str(self.logs), "--loglevel", "warning"],
             "model": [PY, "-m", "scripted_model", "--port", str(self.model_port), "--quiet"],
-            "web": [PY, "-m", "daphne", "-e", f"tcp:port={self.web_port}:interface=127.0.0.1:backlog=1024",
-                    "--websocket_connect_timeout", "30", "agentops.asgi:application"],
+            **{("web" if n == 0 else f"web-{n + 1}"): webserve.daphne_command(PY, sock)
+               for n in range(self.web_processes or webserve.web_processes())},
             "worker-engine": [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine", "--pool", "threads",
                               "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
                               "-n", f"engine{os.getpid()}@%h"],
@@ -125,8 +134,9 @@ class Stack:
 
     def spawn(self, name: str) -> None:
         log = (self.logs / f"{name}.log").open("ab")
+        fds = (self.web_socket.fileno(),) if name.startswith("web") and self.web_socket is not None else ()
         self.procs[name] = subprocess.Popen(self.commands[name], cwd=ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                                            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
 
     def kill(self, name: str) -> None:
         """SIGKILL the process and its children (its own process group): no clean-up of any kind."""
@@ -157,6 +167,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
+        if self.web_socket is not None:
+            self.web_socket.close()
 
     def remove_logs(self) -> None:
         """After a proof that passed: its logs are of no further use."""

@@ -9,6 +9,7 @@ def world_setup(slug: str, model_url: str) -> dict[str, str]:
     reviewer (password PASSWORD); their API tokens by role. Call with Django set up."""
     from django.contrib.auth.models import Group, User
 
+    from agentops.models import Team, TeamMembership, TeamRole
     from agentops.services import api_token_create
     from sessions_app.models import AgentProfile
     from tools_app.models import ToolDefinition
@@ -24,8 +25,9 @@ def world_setup(slug: str, model_url: str) -> dict[str, str]:
     # Commands and requests need a reviewer; a few retries each (the chaos interrupts them).
     ToolDefinition.objects.filter(name__in=["run_command", "http_request", "send_email"]).update(
         approval_mode="mutating")
+    team = Team.objects.get_or_create(slug="proof", defaults={"name": "Proofs"})[0]
     agent, _ = AgentProfile.objects.update_or_create(
-        slug=slug, defaults={"name": slug.title(), "model": "scripted", "base_url": model_url,
+        slug=slug, defaults={"team": team, "name": slug.title(), "model": "scripted", "base_url": model_url,
                              "instructions": "You are a proof's agent.", "max_tool_calls": None,
                              "max_model_calls": None, "max_tokens": None, "max_wall_seconds": None})
     agent.tools.set(ToolDefinition.objects.all())
@@ -35,5 +37,8 @@ def world_setup(slug: str, model_url: str) -> dict[str, str]:
         user.set_password(PASSWORD)
         user.save()
         user.groups.add(*Group.objects.filter(name__in=[group, "operators"]))
+        # Both start sessions; only the reviewer decides (four-eyes: never on their own requests).
+        TeamMembership.objects.update_or_create(team=team, user=user, defaults={
+            "role": TeamRole.BOTH if name == "reviewer" else TeamRole.OPERATOR})
         users[name] = api_token_create(username=user.username)[1]
     return users

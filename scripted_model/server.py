@@ -109,6 +109,10 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
     # HTTP/1.1 keeps the SDK's pooled connections alive; every response therefore carries a
     # Content-Length or is sent chunked.
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY on each connection: a JSON answer is two writes (headers, then body), and with
+    # Nagle's algorithm the body waits for the client's delayed ACK of the headers, ≈ 40 ms on
+    # every non-streamed call over a kept-alive connection (found by bench/peers.py).
+    disable_nagle_algorithm = True
     server_version = "agentops-scripted-model/1"
     server: ScriptedModelServer
 

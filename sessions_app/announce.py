@@ -5,9 +5,10 @@ the write.
 renders the dashboard fragments (in bulk when events queue up) and sends them, in commit order,
 through one persistent event loop: ``async_to_sync(group_send)`` would build a loop and a Redis
 connection per call (≈ 4 ms), and rendering in the writer's thread put template work on every
-engine step. The channel layer is at-most-once anyway: clients re-read any gap in ``seq`` from
-the database, so an announcement lost to a full queue, a dead Redis or an exiting process costs
-nothing but a re-read.
+engine step. What queued up is sent as one message per group (``event.batch`` when a group has
+several events; consumers forward each), every group at once. The channel layer is at-most-once
+anyway: clients re-read any gap in ``seq`` from the database, so an announcement lost to a full
+queue, a dead Redis or an exiting process costs nothing but a re-read.
 """
 
 import asyncio
@@ -57,11 +58,17 @@ def _get_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    """One ``group_send`` per group, all groups at once: each costs four Redis round trips, and
+    sent one after another they were most of an announcement's time under load. A group gets one
+    message per batch (``_messages``), so its events stay in commit order."""
     layer = get_channel_layer()
     if layer is None:
         return
-    for group, message in messages:
-        await layer.group_send(group, message)
+    now = time.time()
+    for _, message in messages:  # when it left (clients can tell the sender's delay from the rest)
+        for item in unbatch(message):
+            item["announced_at"] = now
+    await asyncio.gather(*(layer.group_send(group, message) for group, message in messages))
 
 
 def _render(events: list[dict[str, Any]]) -> list[str]:
@@ -75,11 +82,24 @@ def _render(events: list[dict[str, Any]]) -> list[str]:
 
 
 def _messages(events: list[dict[str, Any]], htmls: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    messages: list[tuple[str, dict[str, Any]]] = []
+    """One layer message per group: ``event.message`` for a single event, else ``event.batch``
+    with the group's events in commit order (one message in Redis and in every consumer's queue
+    instead of one per event: a burst of a session's tool events costs one delivery)."""
+    items: dict[str, list[dict[str, Any]]] = {}
     for event, html in zip(events, htmls, strict=True):
-        message = {"type": "event.message", "event": event, "html": html}
-        messages.extend((group, message) for group in _groups_of(event))
-    return messages
+        for group in _groups_of(event):
+            items.setdefault(group, []).append({"event": event, "html": html})
+    return [(group, {"type": "event.message", **got[0]} if len(got) == 1 else {"type": "event.batch", "items": got})
+            for group, got in items.items()]
+
+
+def unbatch(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a layer message (``event.message`` or ``event.batch``), each ``{"event",
+    "html"}``, in seq order: what consumers forward, one by one."""
+    if message.get("type") == "event.batch":
+        items: list[dict[str, Any]] = message["items"]
+        return items
+    return [message]
 
 
 def _groups_of(event: dict[str, Any]) -> list[str]:
@@ -93,16 +113,21 @@ def _groups_of(event: dict[str, Any]) -> list[str]:
 async def _listened(groups: set[str]) -> set[str]:
     """The groups someone listens to. Rendering and sending for nobody is pure cost (measured: the
     fragments were a third of the engine's CPU per step); a client that connects later reads the
-    backlog from the database. Uses channels_redis's group keys; on any doubt, every group."""
+    backlog from the database. Uses channels_redis's group keys, one pipelined round trip per
+    Redis host; on any doubt, every group."""
     layer = get_channel_layer()
     try:
         now = int(time.time())
-        listened = set()
+        by_host: dict[int, list[str]] = {}
         for group in groups:
-            connection = layer.connection(layer.consistent_hash(group))
-            key = layer._group_key(group)
-            if await connection.zcount(key, now - layer.group_expiry, "+inf"):
-                listened.add(group)
+            by_host.setdefault(layer.consistent_hash(group), []).append(group)
+        listened: set[str] = set()
+        for index, names in by_host.items():
+            pipe = layer.connection(index).pipeline(transaction=False)
+            for group in names:
+                pipe.zcount(layer._group_key(group), now - layer.group_expiry, "+inf")
+            counts = await pipe.execute()
+            listened.update(group for group, count in zip(names, counts, strict=True) if count)
         return listened
     except Exception:
         return groups

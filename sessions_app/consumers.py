@@ -14,7 +14,7 @@ from agentops.asyncdb import BadMessage, JsonConsumer, database_read, message_in
 from agentops.permissions import VIEW_SESSIONS, has_perm
 from agentops.streamaccess import ReplayLimiter, Watchdog, credential_of_scope
 from sessions_app import selectors
-from sessions_app.announce import session_group
+from sessions_app.announce import session_group, unbatch
 from sessions_app.fragments import render_event_fragments
 from sessions_app.streams import EventFeed, Message
 
@@ -103,6 +103,13 @@ class SessionConsumer(JsonConsumer):
         if self.feed is None:
             return
         live = {"type": "event", "event": message["event"], "html": message.get("html", "")}
+        if "announced_at" in message:  # the sender's clock when it sent it (a measure, never a state)
+            live["announced_at"] = message["announced_at"]
         async for out in self.feed.live(live):
             await self.send_json(out)
+
+    async def event_batch(self, message: dict[str, Any]) -> None:
+        """Several events of the session from one announcement, in seq order: each forwarded."""
+        for item in unbatch(message):
+            await self.event_message(item)
 

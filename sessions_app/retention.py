@@ -24,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentops.models import IdempotencyRecord
+from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Turn
@@ -54,6 +55,8 @@ def session_workspace_remove(*, session_id: uuid.UUID | str, now: datetime | Non
                 or session.last_event_at >= cutoff
                 or Turn.objects.filter(session=session, status__in=Turn.ACTIVE).exists()):
             return False  # a turn started, or something happened, since it was picked
+        if not hosting.workspace_is_local(session):
+            return False  # only its sandbox host may open it (hosts keep their workspaces until moved)
         path = session.workspace
         retired = workspace_retire(Path(path))
         AgentSession.objects.filter(pk=session.pk).update(workspace="")

@@ -27,7 +27,7 @@ from channels.layers import get_channel_layer
 
 from agentops.asyncdb import database_read
 from sessions_app import selectors
-from sessions_app.announce import session_group
+from sessions_app.announce import session_group, unbatch
 
 PAGE = 500
 HEARTBEAT_SECONDS = 15.0
@@ -161,8 +161,9 @@ async def session_events(session_id: UUID, after: int, *, max_seconds: float | N
             except TimeoutError:
                 yield None
                 continue
-            async for message in feed.live(received):
-                yield message["event"]
+            for item in unbatch(received):  # an announcement may carry several events
+                async for message in feed.live(item):
+                    yield message["event"]
     finally:
         if layer is not None:
             await layer.group_discard(group, channel)

@@ -33,6 +33,7 @@ from agentops.domain import InvalidTransition, joins_transaction
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import budget_crossed, session_counters
 from sessions_app.engine.context import OVERFLOW, compact_at, message_chars, tokens_of
+from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.engine.prompt import build_messages, tool_message
 from sessions_app.engine.record import COUNTERS, StepChange, step_outcome_record
 from sessions_app.engine.tool_steps import (
@@ -86,7 +87,8 @@ class Conversation:
 def _runs_inline(name: str, arguments: dict[str, Any], error: str, session: AgentSession) -> ToolDefinition | None:
     """The tool's definition when this call may run here, now, without asking anyone; else None."""
     tool = None if error else tool_available(session, name)
-    if (tool is None or not runs_in_process(name) or tool.kind != ToolDefinition.Kind.BUILTIN
+    if (tool is None or not runs_in_process(name) or not hosting.workspace_is_local(session)
+            or tool.kind != ToolDefinition.Kind.BUILTIN
             or tool.approval_mode != ApprovalMode.SAFE_READONLY or not tool.idempotent):
         return None
     return None if validate_arguments(name, tool.parameters_schema, arguments) else tool

@@ -20,6 +20,7 @@ from django.utils import timezone
 from agentops import dispatch
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_expire_due, approval_request_create
+from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.engine.turns import turn_fail
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
@@ -163,6 +164,9 @@ def _recover(step: Step) -> str:
             return "failed"
         _back_to(step, Step.Status.PLANNED)
         return "retry"  # model calls have no side effects
+    elsewhere = hosting.recover_elsewhere(step)  # its host checks the manifest, or a reviewer decides
+    if elsewhere is not None:
+        return elsewhere
     tool = ToolDefinition.objects.filter(name=step.tool_name).first()
     if step.attempts >= (tool.max_attempts if tool else 1):
         return _in_doubt(step, "The call was interrupted too often; its outcome is unknown.")

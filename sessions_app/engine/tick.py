@@ -21,6 +21,7 @@ from sessions_app.engine import llm
 from sessions_app.engine.budgets import session_counters
 from sessions_app.engine.compaction import compaction_arguments
 from sessions_app.engine.context import OVERFLOW, CompactionRange, compact_at, compaction_range, prompt_estimate
+from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
 from sessions_app.engine.prompt import system_prompt
 from sessions_app.engine.tool_steps import (
@@ -47,12 +48,12 @@ class Claimed:
     approval: ApprovalRequest | None = None
 
 
-def _state(step: Step) -> StepState:
+def _state(step: Step, local: bool = True) -> StepState:
     verification = step.kind == Step.Kind.VERIFICATION
     content = (step.arguments or {}).get("answer") if verification else (step.message or {}).get("content")
     return StepState(id=step.id, index=step.index, status=step.status,
                      leased=step.lease_expires_at is not None,
-                     in_process=step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
+                     in_process=local and step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
                      waits=step.kind == Step.Kind.TOOL and hooks.engine_tool_waits(step.tool_name),
                      content=str(content or ""), kind=step.kind, error_code=step.error_code,
                      met=bool(verification and (step.result or {}).get("all_met")))
@@ -83,8 +84,10 @@ def _context(session: AgentSession, last_model: Step | None, tools: list[Step]) 
 def _snapshot(turn: Turn, session: AgentSession, last_model: Step | None, tools: list[Step], *,
               calls_models: bool, fresh: bool, context: ContextView) -> Snapshot:
     turn_seconds = (timezone.now() - turn.started_at).total_seconds() if turn.started_at else 0.0
+    local = hosting.workspace_is_local(session)  # else even list_files goes to the session's host
     return Snapshot(turn_status=turn.status, last_model=_state(last_model) if last_model else None,
-                    tools=[_state(t) for t in tools], counters=session_counters(session), turn_seconds=turn_seconds,
+                    tools=[_state(t, local) for t in tools], counters=session_counters(session),
+                    turn_seconds=turn_seconds,
                     calls_models=calls_models, fresh=fresh, context_tokens=context.tokens, compact_at=context.limit,
                     compactable=context.range is not None, compact_requested=session.compact_requested,
                     has_criteria=bool(session.acceptance_criteria), unmet_rounds=_unmet_rounds(turn, last_model),

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import storages
 from django.db import transaction
 from django.db.models import F
 
@@ -34,6 +36,7 @@ from approvals_app.services import (
     grant_use,
 )
 from sessions_app import hooks
+from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step
@@ -171,14 +174,18 @@ def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition) -> Ap
     if violated:  # the reviewer sees the verdicts next to the arguments (approval page)
         risk, note = "high", "The prohibitions check says this call may violate: " + "; ".join(violated)
     preview = ""
-    if tool.name == "write_file":
+    local = hosting.workspace_is_local(session)  # else the session's host computes it (after commit)
+    if tool.name == "write_file" and local:
         try:
             preview = write_file_preview(session_workspace(session), step.arguments)
         except Exception as exc:  # a preview is a courtesy; the approval must still be asked
             preview = f"(no preview: {exc})"
-    return approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
-                                   sandbox_backend=str(sandbox_status().get("backend", "")),
-                                   network_policy=tool.network, ttl_seconds=tool.approval_ttl_seconds)
+    approval = approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
+                                       sandbox_backend=str(sandbox_status().get("backend", "")),
+                                       network_policy=tool.network, ttl_seconds=tool.approval_ttl_seconds)
+    if tool.name == "write_file" and not local:
+        hosting.preview_elsewhere(step)
+    return approval
 
 
 class StepRebound(Conflict):
@@ -380,29 +387,33 @@ def event_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store_artifact(session_id: uuid.UUID, workspace: Path, item: dict[str, Any]) -> dict[str, Any] | None:
-    """Copy a published file out of the workspace, content-addressed, so it outlives it.
+    """Upload a published file to central storage (``storages["artifacts"]``), content-addressed,
+    so it outlives the workspace and its download never needs the sandbox host.
 
-    Opened with ``open_beneath`` (no symlink leads out of the workspace) and hashed as it is copied:
-    the workspace may change meanwhile, and the name must be the hash of what was stored.
+    Opened with ``open_beneath`` (no symlink leads out of the workspace) and hashed as it is copied
+    to a spool file: the workspace may change meanwhile, and the name must be the hash of what was
+    stored.
     """
     rel = str(item.get("path", ""))
     try:
         fd = open_beneath(workspace, workspace_relpath(rel), os.O_RDONLY | os.O_NONBLOCK)
     except (PathDenied, OSError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        folder = Path(settings.AGENTOPS_ARTIFACT_ROOT) / str(session_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
+    with tempfile.TemporaryFile() as spool:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            digest = hashlib.sha256()
             while chunk := os.read(fd, 1 << 20):
                 digest.update(chunk)
-                tmp.write(chunk)
-    finally:
-        os.close(fd)
-    target = folder / digest.hexdigest()
-    os.replace(tmp.name, target)
-    return {"path": rel, "size": target.stat().st_size, "sha256": digest.hexdigest(), "storage_path": str(target),
+                spool.write(chunk)
+        finally:
+            os.close(fd)
+        size = spool.tell()
+        spool.seek(0)
+        storage = storages["artifacts"]
+        name = f"{session_id}/{digest.hexdigest()}"
+        if not storage.exists(name):  # content-addressed: the same bytes are stored once
+            name = storage.save(name, File(spool))
+    return {"path": rel, "size": size, "sha256": digest.hexdigest(), "storage_path": name,
             "content_type": mimetypes.guess_type(rel)[0] or "application/octet-stream"}

@@ -33,6 +33,8 @@ from agentops.models import ApiToken
 from approvals_app import services as approval_services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from fanout_app.models import Batch, BatchMember
+from hosts_app import runners
+from hosts_app.models import SandboxHost
 from sessions_app import services as session_services
 from sessions_app.models import AgentSession, Artifact, Step, Turn
 from sessions_app.services import step_transition
@@ -55,6 +57,7 @@ READ_SAME = _row(401, 200, 404, 200, 404, 200, 200, 401)
 LIST = _row(401, 200, 200, 200, 200, 200, 200, 401)
 PAGE_READ_SAME = _row(302, 200, 404, 200, 404, 200, 200, 302)
 PAGE_LIST = _row(302, 200, 200, 200, 200, 200, 200, 302)
+RUNNER_ONLY = _row(401, 401, 401, 401, 401, 401, 401, 401)
 
 MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     # kind, method, path ({placeholders} from the world), body, expected status per persona
@@ -91,6 +94,21 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "POST", "/api/sessions/batch", {"agent": "{agent}", "rows": [{"input": "hi"}]},
      _row(401, 201, 404, 403, 403, 201, 201, 401)),
     ("api", "GET", "/api/batches/{batch}", None, READ_SAME),
+    # Sandbox hosts: hosted hosts are listed to everyone signed in, a runner to its team only.
+    ("api", "GET", "/api/hosts", None, LIST),
+    ("api", "GET", "/api/hosts/{runner}", None, READ_SAME),
+    ("api", "GET", "/api/sessions/{busy}/host", None, READ_SAME),
+    ("api", "POST", "/api/sessions/{idle}/host", {"host": "{host}"}, _row(401, 200, 404, 403, 404, 200, 200, 401)),
+    ("api", "POST", "/api/runners", {"name": "r-new", "team": "same"}, _row(401, 201, 404, 403, 404, 201, 201, 401)),
+    ("api", "POST", "/api/runners/{runner}/revoke", {}, _row(401, 200, 404, 403, 404, 200, 200, 401)),
+    # The runners' own endpoints take a runner's token, never a user's credentials.
+    ("api", "POST", "/api/runner/heartbeat", {}, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/next?wait=0", None, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/{job}/progress", {"output": "x"}, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/{job}/result", {"result": {}}, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/{job}/refused", {"reason": "x"}, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/{job}/manifest", {"changed": True}, RUNNER_ONLY),
+    ("page", "GET", "/hosts/", None, PAGE_LIST),
     ("page", "GET", "/", None, PAGE_LIST),
     ("page", "GET", "/health-panel/", None, PAGE_LIST),
     ("page", "GET", "/sessions/", None, PAGE_LIST),
@@ -185,12 +203,15 @@ def build_world() -> World:
     step_transition(step_id=client_step.id, to=Step.Status.RUNNING)
     batch = Batch.objects.create(team=same, agent=agent, owner=owner, title="nightly", request_sha256="0" * 64, size=1)
     BatchMember.objects.create(batch=batch, session=idle, row=0)
+    SandboxHost.objects.create(name="h1", kind="hosted", status="online")
+    runners.runner_create(team=same, name="r1", actor=users["admin"])  # type: ignore[arg-type]
     tokens = {name: api_token(user) for name, user in users.items() if user is not None}
     ApiToken.objects.filter(user=users["revoked_token"]).update(revoked_at=timezone.now())
     return World(values={"agent": agent.slug, "busy": str(busy.id), "idle": str(idle.id), "turn": str(turn.id),
                          "client": str(client_session.id), "artifact": str(artifact.id),
                          "request": str(approval.request_id), "sha": approval.arguments_sha256,
-                         "grant": str(grant.pk), "batch": str(batch.id)},
+                         "grant": str(grant.pk), "host": "h1", "runner": "r1", "job": f"{step.id}:1",
+                         "batch": str(batch.id)},
                  users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
 
 
@@ -216,7 +237,9 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
     normalise = {(m, p.replace("{busy}", "{session_id}").replace("{idle}", "{session_id}")
                   .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
                   .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
-                  .replace("{grant}", "{grant_id}").replace("{batch}", "{batch_id}")) for m, p in declared_api}
+                  .replace("{grant}", "{grant_id}").replace("{runner}", "{name}").replace("{job}", "{job_id}")
+                  .replace("{batch}", "{batch_id}"))
+                 for m, p in declared_api}
     assert operations == normalise, operations ^ normalise
 
     patterns = get_resolver().url_patterns

@@ -11,6 +11,7 @@ import httpx
 import psutil
 from openai import OpenAI
 
+from agentops import webserve
 from agentops.embedded_redis import free_port
 from tests.waiting import wait_for
 
@@ -56,6 +57,18 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
                                                     input="say hello from make run", stream=True)
         assert stream.get_final_result().output_text == "hello from make run"
         client.close()
+        # Two daphne processes share the one listening socket: with either one stopped, the other
+        # answers every request on the same port (so each serves).
+        webs = [c for c in children if "daphne" in " ".join(c.cmdline())]
+        assert len(webs) == webserve.DEFAULT_WEB_PROCESSES == 2
+        for stopped in webs:
+            stopped.suspend()
+            try:
+                statuses = {httpx.get(f"http://127.0.0.1:{port}/api/agents", timeout=10).status_code
+                            for _ in range(10)}
+            finally:
+                stopped.resume()
+            assert statuses == {401}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

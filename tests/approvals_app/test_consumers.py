@@ -91,3 +91,15 @@ async def test_forwards_the_senders_fragment_as_is() -> None:
     assert await comm.receive_json_from(timeout=5) == {"type": "event", "event": message["event"],
                                                        "html": message["html"]}
     await comm.disconnect()
+
+
+async def test_forwards_each_event_of_a_batch_in_order() -> None:
+    comm = await communicator(await reviewer_user())
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "since": timezone.now().isoformat()})
+    items = [{"html": f"<template>{n}</template>",
+              "event": {"seq": n, "type": "approval.requested", "session_id": "x", "payload": {}}} for n in (8, 9)]
+    team = await database_sync_to_async(factories.team)()
+    await get_channel_layer().group_send(approvals_group(team.id), {"type": "event.batch", "items": items})
+    assert [await comm.receive_json_from(timeout=5) for _ in items] == [{"type": "event", **i} for i in items]
+    await comm.disconnect()

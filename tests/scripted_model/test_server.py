@@ -1,7 +1,9 @@
 """The HTTP server: concurrent answers and the API key."""
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
@@ -65,3 +67,32 @@ def test_scripted_model_stats_count_calls_in_flight(base_url: str) -> None:
         thread.join()
     stats = httpx.get(f"{root}/_stats").json()
     assert stats["in_flight"] == 0 and stats["peak_in_flight"] >= 3
+
+
+def test_scripted_model_connections_send_without_waiting_for_acks() -> None:
+    """Each answer's body is not held back by Nagle's algorithm behind the headers' delayed ACK
+    (≈ 40 ms per non-streamed call on a kept-alive connection): the server's side of every
+    connection has TCP_NODELAY set."""
+    import socket
+
+    from scripted_model.server import ScriptedModelServer
+
+    seen: list[int] = []
+
+    class Recording(ScriptedModelServer):
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            super().finish_request(request, client_address)  # the handler's whole keep-alive loop
+            seen.append(request.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    server = Recording(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as client:
+            answer = ask(client, [{"role": "user", "content": "say hi"}])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert answer.choices[0].message.content == "hi"
+    assert seen and all(flag != 0 for flag in seen)

@@ -113,6 +113,26 @@ async def test_live_messages_are_forwarded_without_reading_the_database() -> Non
     await comm.disconnect()
 
 
+async def test_a_batch_of_live_events_is_forwarded_one_by_one_in_order_without_duplicates() -> None:
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 3})
+    # One announcement carrying seq 3 (already sent: dropped), 4 and 5 (neither in the database).
+    items: list[dict[str, Any]] = [{"html": f"<template data-op=n{seq}></template>",
+                                    "event": {"seq": seq, "type": "tool.progress", "session_id": str(session.id),
+                                              "payload": {}}}
+                                   for seq in (3, 4, 5)]
+    await get_channel_layer().group_send(f"session.{session.id}", {"type": "event.batch", "items": items})
+    got = await receive_events(comm, 2)
+    assert got == [{"type": "event", **item} for item in items[1:]]
+    after = {**items[2], "event": {**items[2]["event"], "seq": 6}, "announced_at": 1.5}
+    await get_channel_layer().group_send(f"session.{session.id}", {"type": "event.message", **after})
+    # Nothing else came between; the sender's announcement time goes along.
+    assert await comm.receive_json_from(timeout=5) == {"type": "event", **after}
+    await comm.disconnect()
+
+
 async def test_a_live_event_after_a_gap_brings_the_missing_ones_from_the_database() -> None:
     owner, session = await make_session()
     comm = await communicator(f"/ws/sessions/{session.id}/", owner)

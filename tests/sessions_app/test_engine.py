@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
@@ -283,7 +284,7 @@ def test_engine_command_outputs_are_stored_as_artifacts_and_symlinks_out_are_not
     (artifact,) = Artifact.objects.filter(session=session)
     assert artifact.path == "outputs/r.txt" and artifact.size == 7
     assert artifact.sha256 == hashlib.sha256(b"report\n").hexdigest()
-    assert Path(artifact.storage_path).read_bytes() == b"report\n"
+    assert (Path(settings.AGENTOPS_ARTIFACT_ROOT) / artifact.storage_path).read_bytes() == b"report\n"
     assert Event.objects.filter(session=session, type="artifact.published").count() == 1
 
 

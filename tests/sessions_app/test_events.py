@@ -1,5 +1,6 @@
 import uuid
 from functools import partial
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -87,6 +88,38 @@ def test_event_record_announces_after_commit_on_session_and_approvals_groups() -
     finally:
         async_to_sync(layer.group_discard)(announce.session_group(session.id), session_channel)
         async_to_sync(layer.group_discard)(announce.approvals_group(session.team_id), approvals_channel)
+
+
+def test_an_announcement_sends_one_message_per_listened_group_and_renders_for_no_one_else(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sessions no other announcement can reach (the announcer thread sends what event_record stores).
+    watched, single, unwatched = (uuid.uuid4() for _ in range(3))
+    events = [{"seq": n + 1, "type": "note.added", "session_id": str(s), "payload": {"n": n}}
+              for n, s in enumerate([watched, unwatched, watched, single, watched])]
+    rendered: list[int] = []
+
+    def render(evs: list[dict[str, Any]]) -> list[str]:
+        rendered.extend(e["payload"]["n"] for e in evs)
+        return [f"<p>{e['payload']['n']}</p>" for e in evs]
+
+    monkeypatch.setattr(announce, "fragments_renderer", render)
+    layer = get_channel_layer()
+    channels = {s: async_to_sync(layer.new_channel)() for s in (watched, single)}
+    for session_id, channel in channels.items():
+        async_to_sync(layer.group_add)(announce.session_group(session_id), channel)
+    try:
+        assert announce._send(events, only_listened=True) is True
+        batch = async_to_sync(layer.receive)(channels[watched])
+        assert batch["type"] == "event.batch"
+        assert [(i["event"]["payload"]["n"], i["html"]) for i in announce.unbatch(batch)] == [
+            (0, "<p>0</p>"), (2, "<p>2</p>"), (4, "<p>4</p>")]
+        one = async_to_sync(layer.receive)(channels[single])
+        assert (one["type"], one["event"]["payload"], announce.unbatch(one)) == ("event.message", {"n": 3}, [one])
+        assert rendered == [0, 2, 3, 4]  # the unwatched session's event: neither rendered nor sent
+        assert all(isinstance(i["announced_at"], float) for i in [*announce.unbatch(batch), one])
+    finally:
+        for session_id, channel in channels.items():
+            async_to_sync(layer.group_discard)(announce.session_group(session_id), channel)
 
 
 @pytest.mark.django_db(transaction=True)

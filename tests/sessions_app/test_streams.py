@@ -131,6 +131,31 @@ def test_event_stream_sends_an_event_in_both_backlog_and_live_once() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_event_stream_sends_each_event_of_an_announced_batch_once() -> None:
+    session = factories.session()
+    event_record(session_id=session.id, type="custom.tick")  # seq 2
+
+    def announce_three_and_four_in_one_batch() -> None:
+        assert [_lose_event(session.id) for _ in range(2)] == [3, 4]
+        items = [{"event": e.as_dict(), "html": ""} for e in Event.objects.filter(session_id=session.id, seq__gte=2)
+                 .order_by("seq")]  # seq 2 again (already sent: dropped), then 3 and 4
+        async_to_sync(get_channel_layer().group_send)(session_group(session.id), {"type": "event.batch",
+                                                                                  "items": items})
+        event_record(session_id=session.id, type="custom.after")  # seq 5
+
+    stored = streams.stored_events(session.id)
+    reads: list[tuple[int, int | None]] = []
+
+    async def counted(after: int, until: int | None, limit: int) -> list[Message]:
+        reads.append((after, until))
+        return await stored(after, until, limit)
+
+    seqs = _read_stream(session.id, until_seq=5, on_seq={2: announce_three_and_four_in_one_batch}, read=counted)
+    assert seqs == [1, 2, 3, 4, 5]
+    assert reads == [(0, None)]  # the backlog only: 3 and 4 came live, from the batch (no gap to re-read)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_event_stream_reads_an_event_the_channel_layer_lost_from_the_database() -> None:
     session = factories.session()
     event_record(session_id=session.id, type="custom.tick")  # seq 2

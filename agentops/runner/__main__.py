@@ -1,0 +1,206 @@
+"""``python -m agentops.runner --url https://agentops.example --token aor_…``: a customer runner.
+
+Loop: heartbeat → long-poll ``/api/runner/jobs/next`` → verify the signed job (``protocol``) →
+run it in the local bubblewrap sandbox (``tools_app``'s built-ins; no database, no broker) while
+posting progress → upload the result until the server acknowledges it (a re-sent result is
+recorded once). A job that does not verify is reported as refused and never runs. Results not yet
+acknowledged are kept in ``--state`` and sent again after a restart or a reconnect.
+"""
+
+import argparse
+import base64
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentops.runner.protocol import JobRefused, signing_key, verify_job
+
+log = logging.getLogger("agentops.runner")
+
+
+def configure_django(workdir: Path) -> None:
+    """The few settings the sandbox and the built-in tools read; no database is configured."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["tools_app"], DATABASES={}, USE_TZ=True,
+            AGENTOPS_WORKSPACE_ROOT=workdir / "workspaces",
+            AGENTOPS_SANDBOX_UID=int(os.environ.get("AGENTOPS_SANDBOX_UID", "65534")),
+            AGENTOPS_SANDBOX_GID=int(os.environ.get("AGENTOPS_SANDBOX_GID",
+                                                    os.environ.get("AGENTOPS_SANDBOX_UID", "65534"))),
+            AGENTOPS_SANDBOX_ALLOW_UNSAFE=os.environ.get("AGENTOPS_SANDBOX_ALLOW_UNSAFE", "") == "1",
+            AGENTOPS_MAX_TOOL_TIMEOUT=int(os.environ.get("AGENTOPS_MAX_TOOL_TIMEOUT", "3600")),
+        )
+        django.setup()
+
+
+class Runner:
+    def __init__(self, *, url: str, token: str, workdir: Path, wait: float = 20.0) -> None:
+        self.url = url.rstrip("/")
+        self.key = signing_key(token)
+        self.workdir = workdir
+        self.state = workdir / "pending-results"
+        self.manifests = workdir / "manifests"
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.manifests.mkdir(parents=True, exist_ok=True)
+        self.wait = wait
+        self.name = ""
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=wait + 30)
+        self.stop = threading.Event()
+
+    # --- talking to the server -----------------------------------------------------------------
+    def post(self, path: str, body: dict[str, Any] | None = None, **params: Any) -> httpx.Response:
+        response = self.http.post(f"{self.url}/api/runner{path}", json=body or {}, params=params)
+        if response.status_code == 401:
+            raise PermissionError("the server refused this runner's token (revoked?)")
+        return response
+
+    def heartbeat(self) -> None:
+        from tools_app.sandbox import sandbox_status
+
+        body = {"versions": {"python": sys.version.split()[0], "runner": "1"}, "self_test": sandbox_status()}
+        response = self.post("/heartbeat", body)
+        response.raise_for_status()
+        self.name = response.json()["name"]
+
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(5):
+            try:
+                self.heartbeat()
+            except PermissionError:
+                self.stop.set()
+            except httpx.HTTPError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def deliver(self, path: Path) -> bool:
+        """Send one kept result until the server acknowledges it (True), or give up for now."""
+        doc = json.loads(path.read_text())
+        try:
+            response = self.post(f"/jobs/{doc['job_id']}/result", {"result": doc["result"], "files": doc["files"]})
+        except httpx.HTTPError as exc:
+            log.warning("result of %s not delivered yet: %s", doc["job_id"], exc)
+            return False
+        if response.status_code in (200, 404):  # 404: the job is gone (session deleted)
+            path.unlink(missing_ok=True)
+            return True
+        log.warning("result of %s refused: %s %s", doc["job_id"], response.status_code, response.text[:200])
+        return False
+
+    def deliver_pending(self) -> None:
+        for path in sorted(self.state.glob("*.json")):
+            self.deliver(path)
+
+    # --- running jobs --------------------------------------------------------------------------
+    def run_job(self, envelope: dict[str, Any]) -> None:
+        job, signature = envelope.get("job") or {}, envelope.get("signature") or ""
+        job_id = str(job.get("job_id", ""))
+        try:
+            verify_job(key=self.key, runner=self.name, job=job, signature=signature)
+        except JobRefused as exc:
+            log.error("refused job %s: %s", job_id, exc)
+            if job_id:
+                self.post(f"/jobs/{job_id}/refused", {"reason": str(exc)})
+            return
+        if job["type"] == "manifest_check":
+            self.manifest_check(job)
+            return
+        from tools_app.builtin import execute_tool
+        from tools_app.sandbox import OutputBatcher, workspace_for, workspace_manifest
+
+        workspace = workspace_for(job["session_id"])
+        manifest = None
+        if not job.get("idempotent"):
+            manifest = workspace_manifest(workspace)
+            (self.manifests / f"{job['step_id']}.json").write_text(json.dumps(manifest))
+
+        def progress(batch: dict[str, Any]) -> None:
+            try:
+                self.post(f"/jobs/{job_id}/progress", {"output": str(batch.get("output", ""))})
+            except (httpx.HTTPError, PermissionError) as exc:
+                log.warning("progress of %s not sent: %s", job_id, exc)
+
+        result = execute_tool(name=job["tool"], workspace=workspace, arguments=job["arguments"],
+                              timeout_seconds=job["timeout_seconds"], network=job["network"],
+                              idempotency_key=job_id, manifest_before=manifest,
+                              live=OutputBatcher(progress, interval=0.5, max_bytes=64_000, max_batches=200))
+        payload = result.to_dict()
+        files = []
+        for item in payload.get("published_files") or []:
+            target = (workspace / str(item.get("path", ""))).resolve()
+            if target.is_relative_to(workspace.resolve()) and target.is_file():
+                files.append({"path": item["path"], "content_b64": base64.b64encode(target.read_bytes()).decode()})
+        kept = self.state / f"{job_id.replace(':', '_')}.json"
+        kept.write_text(json.dumps({"job_id": job_id, "result": payload, "files": files}))
+        failpoint = os.environ.get("AGENTOPS_RUNNER_FAILPOINT_BEFORE_RESULT", "")
+        if failpoint:  # tests: the connection drops before the result is sent
+            Path(failpoint).touch()
+            time.sleep(3600)
+        while not self.deliver(kept) and not self.stop.wait(1):
+            pass
+
+    def manifest_check(self, job: dict[str, Any]) -> None:
+        from tools_app.sandbox import workspace_changed_since, workspace_for
+
+        saved = self.manifests / f"{job['step_id']}.json"
+        changed: bool | None = None
+        if saved.exists():
+            changed = workspace_changed_since(workspace_for(job["session_id"]), json.loads(saved.read_text()))
+        self.post(f"/jobs/{job['job_id']}/manifest", {"changed": changed})
+
+    def serve(self) -> int:
+        try:
+            self.heartbeat()
+        except PermissionError as exc:
+            log.error("%s; stopping", exc)
+            return 3
+        threading.Thread(target=self._heartbeats, daemon=True, name="heartbeat").start()
+        log.warning("runner %s connected to %s", self.name, self.url)
+        self.deliver_pending()
+        while not self.stop.is_set():
+            try:
+                response = self.post("/jobs/next", wait=self.wait)
+                if response.status_code == 200:
+                    self.run_job(response.json())
+                elif response.status_code != 204:
+                    log.warning("poll: %s %s", response.status_code, response.text[:200])
+                    self.stop.wait(1)
+            except PermissionError as exc:
+                log.error("%s; stopping", exc)
+                return 3
+            except httpx.HTTPError as exc:
+                log.warning("connection lost (%s); reconnecting", exc)
+                self.stop.wait(1)
+                self.deliver_pending()
+        return 3 if self.stop.is_set() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentops.runner", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="agentops's base URL (https://…)")
+    parser.add_argument("--token", default=os.environ.get("AGENTOPS_RUNNER_TOKEN", ""),
+                        help="the runner's token (or AGENTOPS_RUNNER_TOKEN)")
+    parser.add_argument("--workdir", default=os.environ.get("AGENTOPS_RUNNER_WORKDIR",
+                                                            f"/var/tmp/agentops-runner-{os.getuid()}"))
+    parser.add_argument("--wait", type=float, default=20.0, help="long-poll seconds")
+    args = parser.parse_args(argv)
+    if not args.token:
+        parser.error("--token (or AGENTOPS_RUNNER_TOKEN) is required")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s runner %(levelname)s %(message)s")
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o711)
+    configure_django(workdir)
+    return Runner(url=args.url, token=args.token, workdir=workdir, wait=args.wait).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

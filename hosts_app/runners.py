@@ -1,0 +1,257 @@
+"""Customer runners: per-runner tokens (hashed at rest, revocable), signed jobs, idempotent results.
+
+A runner authenticates with its token on every request; a revoked runner's token stops working at
+once (the next request, the long-poll included, is 401). Jobs are the approved tool steps of the
+sessions pinned to it, claimed here exactly as a hosted worker claims them (``tool_step_claim``:
+the approval is consumed once), then signed (``agentops.runner.protocol``). A result names its
+job; the first upload is recorded, a re-sent one finds its ``RunnerResult`` and changes nothing.
+"""
+
+import base64
+import binascii
+import hashlib
+import logging
+import secrets
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.files.base import ContentFile
+from django.core.files.storage import storages
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agentops import dispatch
+from agentops.domain import Conflict, InvalidArguments, NotFound
+from agentops.models import Team
+from agentops.runner.protocol import TOKEN_PREFIX, sign, signing_key, spec_sha256, token_hash
+from agentops.teams import OPERATE_ROLES, require_team_role
+from hosts_app.models import RunnerResult, SandboxHost
+from hosts_app.services import CHECKING, host_heartbeat
+from sessions_app.engine.recovery import _back_to, _in_doubt
+from sessions_app.engine.tool_steps import StepRebound, current_run, tool_step_claim, tool_step_record
+from sessions_app.events import event_record
+from sessions_app.locks import session_lock
+from sessions_app.models import Step
+from sessions_app.services import artifact_record
+
+log = logging.getLogger(__name__)
+
+JOB_TTL_SECONDS = 300
+MAX_FILE_BYTES = 20 * 1024 * 1024
+RUNNER_TOOLS = frozenset({"run_command", "read_file", "write_file", "list_files", "publish_artifact"})
+
+
+def wake_key(name: str) -> str:
+    return f"agentops:runner:{name}"
+
+
+@transaction.atomic
+def runner_create(*, team: Team, name: str, actor: User, pool: str = "default",
+                  labels: list[str] | None = None, capacity: int = 8) -> tuple[SandboxHost, str]:
+    """A runner of ``team``; returns it and its token (shown once: only its hash is kept)."""
+    require_team_role(actor, team.pk, OPERATE_ROLES, what="create runners")
+    if SandboxHost.objects.filter(name=name).exists():
+        raise Conflict(f"A sandbox host named {name!r} exists", code="host_exists")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    host = SandboxHost.objects.create(name=name, kind=SandboxHost.Kind.RUNNER, team=team, pool=pool,
+                                      labels=sorted(labels or []), capacity=capacity,
+                                      token_hash=token_hash(token), signing_key=signing_key(token))
+    return host, token
+
+
+@transaction.atomic
+def runner_revoke(*, name: str, actor: User) -> SandboxHost:
+    """Revoke a runner: its token is refused from the next request on, for good. Idempotent."""
+    host = SandboxHost.objects.select_for_update().filter(name=name, kind=SandboxHost.Kind.RUNNER).first()
+    if host is None:
+        raise NotFound(f"No runner {name!r}")
+    require_team_role(actor, host.team_id or 0, OPERATE_ROLES, what="revoke runners")
+    if host.status == SandboxHost.Status.REVOKED:
+        return host
+    host.ensure_can_move_to(SandboxHost.Status.REVOKED)
+    host.status, host.revoked_at = SandboxHost.Status.REVOKED, timezone.now()
+    host.save(update_fields=["status", "revoked_at", "updated_at"])
+    return host
+
+
+def runner_authenticate(token: str) -> SandboxHost | None:
+    """The runner holding this token, or None (unknown or revoked: the request is refused)."""
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    host = SandboxHost.objects.filter(token_hash=token_hash(token), kind=SandboxHost.Kind.RUNNER).first()
+    if host is None or host.status == SandboxHost.Status.REVOKED:
+        return None
+    return host
+
+
+def runner_heartbeat(*, host: SandboxHost, versions: dict[str, Any], self_test: dict[str, Any]) -> SandboxHost:
+    SandboxHost.objects.filter(pk=host.pk).update(versions=versions, self_test=self_test)
+    return host_heartbeat(host_id=host.id)
+
+
+def _signed(host: SandboxHost, job: dict[str, Any]) -> dict[str, Any]:
+    job = {**job, "runner": host.name, "issued_at": time.time(), "expires_at": time.time() + JOB_TTL_SECONDS}
+    return {"job": job, "signature": sign(host.signing_key, job)}
+
+
+def _manifest_job(host: SandboxHost) -> dict[str, Any] | None:
+    step = Step.objects.filter(status=Step.Status.RUNNING, lease_owner=f"{CHECKING}{host.name}").first()
+    if step is None:
+        return None
+    return _signed(host, {"type": "manifest_check", "job_id": f"{step.id}:{step.attempts}", "step_id": str(step.id),
+                          "session_id": str(step.session_id)})
+
+
+def _claim_one(host: SandboxHost) -> dict[str, Any] | None:
+    for step in Step.objects.filter(kind=Step.Kind.TOOL, status=Step.Status.APPROVED,
+                                    session__placement__host=host).order_by("created_at")[:5]:
+        with transaction.atomic():
+            try:
+                approval = tool_step_claim(step)
+            except StepRebound:
+                continue
+            except Conflict:
+                transaction.set_rollback(True)
+                continue
+            tool, run_hash = current_run(step)
+            if approval is not None and run_hash != (approval.approved_sha256 or approval.arguments_sha256):
+                transaction.set_rollback(True)  # the tool changed after the approval: the sweeper re-asks
+                continue
+            Step.objects.filter(pk=step.pk).update(lease_owner=f"runner:{host.name}")
+        if tool is None or tool.name not in RUNNER_TOOLS:
+            runner_result_record(host=host, job_id=f"{step.id}:{step.attempts}", result={
+                "status": "failed", "error_code": "unsupported_on_runner",
+                "output": f"The tool {step.tool_name!r} does not run on a customer runner."}, files=[])
+            continue
+        from tools_app.binding import run_spec
+
+        spec = run_spec(tool=tool, arguments=step.arguments)
+        return _signed(host, {"type": "tool", "job_id": f"{step.id}:{step.attempts}", "step_id": str(step.id),
+                              "session_id": str(step.session_id), "tool": step.tool_name,
+                              "arguments": step.arguments, "timeout_seconds": tool.timeout_seconds,
+                              "network": tool.network, "idempotent": tool.idempotent, "spec": spec,
+                              "approval_sha256": spec_sha256(spec),
+                              "approval_request_id": str(approval.request_id) if approval else None,
+                              "approved_sha256": (approval.approved_sha256 or approval.arguments_sha256)
+                              if approval else None})
+    return None
+
+
+def runner_next_job(*, host: SandboxHost) -> dict[str, Any] | None:
+    """The next signed job for this runner (a manifest check first), claimed; None when none waits."""
+    return _manifest_job(host) or _claim_one(host)
+
+
+def _step_of(host: SandboxHost, job_id: str) -> Step:
+    step_id, _, _attempt = job_id.partition(":")
+    try:
+        step = Step.objects.filter(pk=uuid.UUID(step_id), session__placement__host=host).first()
+    except ValueError as exc:
+        raise NotFound(f"No job {job_id}") from exc
+    if step is None:
+        raise NotFound(f"No job {job_id}")
+    return step
+
+
+def runner_progress(*, host: SandboxHost, job_id: str, output: str) -> None:
+    """Live output of a running job (``tool.progress``); it also renews the job's lease."""
+    step = _step_of(host, job_id)
+    if step.status != Step.Status.RUNNING or step.lease_owner != f"runner:{host.name}":
+        return
+    Step.objects.filter(pk=step.pk, lease_owner=f"runner:{host.name}").update(
+        lease_expires_at=timezone.now() + timedelta(seconds=settings.AGENTOPS_LEASE_SECONDS * 10 + 60))
+    event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="tool.progress",
+                 payload={"index": step.index, "tool": step.tool_name, "output": output[:8000], "runner": host.name})
+
+
+def _store_files(step: Step, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    stored = []
+    storage = storages["artifacts"]
+    for item in files:
+        try:
+            data = base64.b64decode(str(item.get("content_b64", "")), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArguments("a file's content_b64 is not base64") from exc
+        if len(data) > MAX_FILE_BYTES:
+            raise InvalidArguments("a published file is over the size limit")
+        digest = hashlib.sha256(data).hexdigest()
+        name = f"{step.session_id}/{digest}"
+        if not storage.exists(name):
+            name = storage.save(name, ContentFile(data))
+        stored.append({"path": str(item.get("path", ""))[:500], "size": len(data), "sha256": digest,
+                       "storage_path": name, "content_type": str(item.get("content_type") or
+                                                                 "application/octet-stream")[:120]})
+    return stored
+
+
+def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, Any],
+                         files: list[dict[str, Any]]) -> bool:
+    """Record a job's result once. True when recorded now; False for a re-sent result (nothing
+    changes). A result for a step no longer running for this runner (cancelled, in doubt) is kept
+    as received but changes no step."""
+    step = _step_of(host, job_id)
+    stored = _store_files(step, files)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                RunnerResult.objects.create(job_id=job_id, host=host, step=step, result=result)
+        except IntegrityError:
+            RunnerResult.objects.filter(job_id=job_id).update(deliveries=F("deliveries") + 1)
+            return False
+        # Its result is the truth even when the sweeper began to ask for a manifest check meanwhile.
+        if step.status == Step.Status.RUNNING and step.lease_owner in (f"runner:{host.name}",
+                                                                       f"{CHECKING}{host.name}"):
+            clean = {k: result.get(k) for k in ("status", "output", "exit_code", "duration_ms", "files_changed",
+                                                "error_code", "error_message", "stdout", "stderr", "truncated")
+                     if k in result}
+            clean["status"] = "completed" if result.get("status") == "completed" else "failed"
+            moved = tool_step_record(step=step, result=clean, workspace=None)
+            if moved is not None:
+                for item in stored:
+                    artifact_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, **item)
+            dispatch.tick_enqueue(step.turn_id)
+    return True
+
+
+def runner_refusal_record(*, host: SandboxHost, job_id: str, reason: str) -> None:
+    """The runner refused a job (its signature or approval hash did not verify): nothing ran. The
+    step fails with ``job_refused`` and the timeline says why."""
+    try:
+        step = _step_of(host, job_id)
+    except NotFound:
+        log.warning("runner %s refused an unknown job %r: %s", host.name, job_id[:100], reason[:200])
+        return
+    event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="runner.job_refused",
+                 payload={"runner": host.name, "reason": reason[:500]})
+    if step.status == Step.Status.RUNNING and step.lease_owner == f"runner:{host.name}":
+        result = {"status": "failed", "error_code": "job_refused",
+                  "output": f"The runner refused the job ({reason[:200]}); nothing ran."}
+        tool_step_record(step=step, result=result, workspace=None)
+        dispatch.tick_enqueue(step.turn_id)
+
+
+def runner_manifest_answer(*, host: SandboxHost, job_id: str, changed: bool | None) -> str:
+    """The runner compared the interrupted job's workspace with its manifest: unchanged → retry;
+    changed or unknown → in doubt (a reviewer decides)."""
+    step = _step_of(host, job_id)
+    with transaction.atomic():
+        session_lock(step.session_id)
+        step = Step.objects.select_for_update().get(pk=step.pk)
+        if step.status != Step.Status.RUNNING or step.lease_owner != f"{CHECKING}{host.name}":
+            return "settled"
+        if changed is False:
+            _back_to(step, Step.Status.APPROVED)
+            outcome = "retry"
+        else:
+            outcome = _in_doubt(step, f"Runner {host.name} reports the workspace changed since the command started "
+                                      "(or it does not know). A reviewer decides.")
+        event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="step.recovered",
+                     payload={"kind": step.kind, "tool": step.tool_name, "outcome": outcome, "checked_on_host": True})
+        dispatch.tick_enqueue(step.turn_id)
+    return outcome
+

@@ -1,0 +1,187 @@
+"""A customer runner (``python -m agentops.runner``, a separate process with no database or broker
+settings) talking HTTP to a real daphne: it runs its team's approved commands in its own sandbox,
+a result re-sent after a reconnect is recorded once, a tampered job is refused, a revoked runner is
+refused at once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from agentops.runner.__main__ import Runner
+from agentops.runner.protocol import JobRefused, sign, signing_key, spec_sha256, verify_job
+from approvals_app.models import ApprovalRequest
+from hosts_app.models import AgentHostPolicy, RunnerResult, SessionPlacement
+from sessions_app.engine.commands import session_start, turn_submit
+from sessions_app.models import Artifact, Event, Step
+from tests.e2e.conftest import ROOT, SCREENSHOTS, Stack, World, login
+from tests.helpers import api_client, finished, pending_approvals, script, tool
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def approve(reviewer: User, approval: ApprovalRequest) -> None:
+    client = Client()
+    client.force_login(reviewer)
+    response = client.post(f"/api/approvals/{approval.request_id}/decision",
+                           json.dumps({"decision": "approve", "arguments_sha256": approval.arguments_sha256}),
+                           content_type="application/json")
+    assert response.status_code == 200, response.content
+
+
+class RunnerProcs:
+    def __init__(self, stack: Stack, token: str, workdir: Path) -> None:
+        self.stack, self.token, self.workdir = stack, token, workdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, **env: str) -> subprocess.Popen[bytes]:
+        # Nothing of the server's: no database, no broker, no Django settings module.
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS", "DJANGO",
+                                                                           "CELERY"))}
+        log = (self.stack.logs / f"runner-{len(self.procs)}.log").open("ab")
+        proc = subprocess.Popen([sys.executable, "-m", "agentops.runner", "--url", self.stack.url, "--token",
+                                 self.token, "--workdir", str(self.workdir), "--wait", "5"],
+                                cwd=ROOT, env={**clean, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def runner_setup(world: World, stack: Stack, workspace_base: Path) -> Iterator[tuple[RunnerProcs, str]]:
+    AgentHostPolicy.objects.create(agent=world.agent, pool="customer")
+    response = api_client(world.operator).post("/api/runners", {"name": "cust-1", "team": "default",
+                                                                "pool": "customer"},
+                                               content_type="application/json")
+    assert response.status_code == 201, response.content
+    token = response.json()["token"]
+    workdir = workspace_base / f"runner-{uuid.uuid4().hex[:8]}"
+    procs = RunnerProcs(stack, token, workdir)
+    yield procs, token
+    procs.kill_all()
+
+
+def _online(name: str) -> bool | None:
+    from hosts_app.models import SandboxHost
+
+    return SandboxHost.objects.filter(name=name, status="online").exists() or None
+
+
+def test_runner_runs_approved_commands_and_a_resent_result_is_recorded_once(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
+    procs, token = runner_setup
+    marker = procs.workdir.parent / f"{procs.workdir.name}-held"
+    procs.start(AGENTOPS_RUNNER_FAILPOINT_BEFORE_RESULT=str(marker))
+    wait_for(lambda: _online("cust-1"), 60, "the runner online")
+    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
+        tool("run_command", command="mkdir -p outputs && echo on-runner | tee outputs/r.txt"), "say {results}"))
+    assert turn is not None
+    (approval,) = pending_approvals(turn, timeout=60)
+    approve(world.reviewer, approval)
+    # The runner ran it, kept its result, and loses its connection before sending it.
+    wait_for(lambda: marker.exists() or None, 60, "the runner to hold its result")
+    procs.kill_all()
+    step = Step.objects.get(turn=turn, kind="tool")
+    assert Step.objects.get(pk=step.pk).status == "running"
+    # It reconnects (a new process, the same work directory): the kept result is delivered.
+    procs.start()
+    turn = finished(turn, timeout=60)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    step.refresh_from_db()
+    assert step.status == "completed" and "on-runner" in (step.result or {})["output"]
+    assert SessionPlacement.objects.get(session=session).host.name == "cust-1"
+    assert (procs.workdir / "workspaces" / str(session.id) / "outputs" / "r.txt").read_text() == "on-runner\n"
+    assert not (Path(settings.AGENTOPS_WORKSPACE_ROOT) / str(session.id)).exists()  # never on the server
+    (artifact,) = Artifact.objects.filter(session=session)
+    assert (Path(settings.AGENTOPS_ARTIFACT_ROOT) / artifact.storage_path).read_bytes() == b"on-runner\n"
+
+    # The same result sent again: acknowledged, recorded once.
+    job_id = RunnerResult.objects.get(step=step).job_id
+    again = httpx.post(f"{stack.url}/api/runner/jobs/{job_id}/result", headers={"Authorization": f"Bearer {token}"},
+                       json={"result": {"status": "completed", "output": "a second copy"}, "files": []})
+    assert again.status_code == 200 and again.json() == {"recorded": False}
+    assert RunnerResult.objects.get(step=step).deliveries == 2
+    assert Event.objects.filter(step=step, type="tool.completed").count() == 1
+    step.refresh_from_db()
+    assert "a second copy" not in (step.result or {})["output"]
+
+
+def test_runner_refuses_a_tampered_job_and_a_revoked_runner_is_refused(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
+    procs, token = runner_setup
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(f"{stack.url}/api/runner/heartbeat", headers=headers, json={}).status_code == 200
+    session, turn = session_start(agent=world.agent, owner=world.operator,
+                                  input=script(tool("run_command", command="echo approved"), "say {results}"))
+    assert turn is not None
+    (approval,) = pending_approvals(turn, timeout=60)
+    approve(world.reviewer, approval)
+    # A compromised network path hands the runner the approved job with other arguments.
+    response = httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 20}, timeout=40)
+    assert response.status_code == 200, response.text
+    envelope = response.json()
+    verify_job(key=signing_key(token), runner="cust-1", job=envelope["job"], signature=envelope["signature"])
+    tampered = json.loads(json.dumps(envelope))
+    tampered["job"]["arguments"] = {"command": "touch /workspace/pwned"}
+    tampered["job"]["spec"]["arguments"] = tampered["job"]["arguments"]
+    tampered["job"]["approval_sha256"] = spec_sha256(tampered["job"]["spec"])
+    runner = Runner(url=stack.url, token=token, workdir=procs.workdir)
+    runner.name = "cust-1"
+    runner.run_job(tampered)
+    turn = finished(turn, timeout=60)
+    step = Step.objects.get(turn=turn, kind="tool")
+    assert step.status == "failed" and step.error_code == "job_refused"
+    assert Event.objects.filter(step=step, type="runner.job_refused", payload__reason="bad signature").exists()
+    assert not (procs.workdir / "workspaces" / str(session.id) / "pwned").exists()
+    # Signed with the right key but not what was approved: refused on the approval hash.
+    forged = dict(envelope["job"], arguments={"command": "touch /workspace/pwned"})
+    with pytest.raises(JobRefused, match="approval hash|not the approved"):
+        verify_job(key=signing_key(token), runner="cust-1", job=forged, signature=sign(signing_key(token), forged))
+
+    # Revoked: the very next request is refused, the long-poll included; the runner process stops.
+    proc = procs.start()
+    wait_for(lambda: _online("cust-1"), 60, "the runner online")
+    revoked = api_client(world.operator).post("/api/runners/cust-1/revoke", {}, content_type="application/json")
+    assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
+    assert httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 0}).status_code == 401
+    assert proc.wait(timeout=30) == 3
+    turn2 = turn_submit(session_id=session.id, input=script(tool("run_command", command="echo after"), "ok"))
+    (approval,) = pending_approvals(turn2, timeout=60)
+    approve(world.reviewer, approval)
+    assert httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 1}).status_code == 401
+    assert Step.objects.get(turn=turn2, kind="tool").status == "approved"  # nobody fetched it
+
+
+def test_hosts_page_shows_each_host_with_status_load_and_self_test(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str], browser: Any) -> None:
+    procs, _token = runner_setup
+    stack.spawn("host", [sys.executable, "manage.py", "sandbox_host", "--name", "gpu-1", "--labels", "gpu,big",
+                         "--capacity", "16", "--concurrency", "1"])
+    procs.start()
+    wait_for(lambda: _online("cust-1") and _online("gpu-1"), 90, "a hosted host and a runner online")
+    page = login(browser, stack, world.operator.username, viewport={"width": 1400, "height": 520})
+    page.goto(f"{stack.url}/hosts/")
+    rows = page.locator("#hosts tbody tr")
+    assert rows.count() == 2
+    gpu, runner = page.locator("tr[data-host=gpu-1]"), page.locator("tr[data-host=cust-1]")
+    assert "online" in gpu.inner_text() and "gpu" in gpu.inner_text() and "ok · bubblewrap" in gpu.inner_text()
+    assert "runner · default" in runner.inner_text() and "online" in runner.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "hosts.png"), full_page=True)

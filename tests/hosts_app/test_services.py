@@ -1,0 +1,121 @@
+"""Sandbox hosts through their services and API: pinning, offline, moving, runner tokens."""
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from hosts_app import hooks, runners
+from hosts_app.models import AgentHostPolicy, SandboxHost, SessionPlacement
+from hosts_app.services import host_heartbeat, hosts_mark_offline, session_pin
+from sessions_app.models import Event
+from tests import factories
+from tests.helpers import api_client
+
+pytestmark = pytest.mark.django_db
+
+
+def pinned(session: Any) -> str:
+    placed = session_pin(session=session)
+    assert placed is not None
+    return placed.name
+
+
+def host(name: str, **fields: Any) -> SandboxHost:
+    hooks.cache_clear()  # an earlier test's "no host at all" must not hide this one
+    fields.setdefault("status", "online")
+    fields.setdefault("last_heartbeat_at", timezone.now())
+    return SandboxHost.objects.create(name=name, **fields)
+
+
+@pytest.fixture
+def operator() -> User:
+    return factories.user("op", groups=["operators"])
+
+
+def test_session_pin_picks_the_least_loaded_host_by_capacity(operator: User) -> None:
+    host("a", capacity=1)
+    host("b", capacity=4)
+    agent = factories.agent_profile()
+    first = factories.session(agent=agent, owner=operator)
+    assert pinned(first) == "a"  # a tie: by name
+    factories.turn(first)  # a working turn: a is full (1/1), b is empty (0/4)
+    second = factories.session(agent=agent, owner=operator)
+    assert pinned(second) == "b"
+    assert pinned(first) == "a"  # pinned once: it keeps its host
+    assert Event.objects.filter(session=second, type="session.pinned", payload__host="b").count() == 1
+
+
+def test_session_pin_needs_the_agent_pool_and_labels(operator: User) -> None:
+    host("plain")
+    host("gpu-1", labels=["gpu"], pool="ml")
+    agent = factories.agent_profile()
+    AgentHostPolicy.objects.create(agent=agent, pool="ml", labels=["gpu"])
+    assert pinned(factories.session(agent=agent, owner=operator)) == "gpu-1"
+
+
+def test_no_host_keeps_the_one_machine_path(operator: User) -> None:
+    session = factories.session(owner=operator)
+    assert session_pin(session=session) is None
+    assert hooks.workspace_is_local(session) is True
+    assert not SessionPlacement.objects.exists()
+
+
+def test_a_remote_host_is_never_local_and_an_offline_one_makes_work_wait_visibly(operator: User) -> None:
+    host("far", status="offline", last_heartbeat_at=None)
+    session = factories.session(owner=operator)
+    assert hooks.workspace_is_local(session) is False
+    step = factories.step(factories.turn(session), tool_name="run_command")
+    assert hooks.tool_queue_for(str(step.id)) == "sandbox.far"
+    (event,) = Event.objects.filter(step=step, type="host.waiting")
+    assert "far" in event.payload["reason"]
+
+
+def test_a_silent_host_goes_offline_and_a_heartbeat_brings_it_back() -> None:
+    stale = host("stale", last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    host("fresh")
+    assert hosts_mark_offline() == ["stale"]
+    assert host_heartbeat(host_id=stale.id).status == "online"
+
+
+def test_session_move_refuses_bad_input_and_changes_nothing(operator: User) -> None:
+    host("a")
+    other_team_runner, _ = runners.runner_create(team=factories.team("other"), name="theirs",
+                                                 actor=factories.user(is_superuser=True))
+    session = factories.session(owner=operator)
+    session_pin(session=session)
+    client = api_client(operator)
+    for target in ("nope", other_team_runner.name):
+        response = client.post(f"/api/sessions/{session.id}/host", {"host": target}, content_type="application/json")
+        assert response.status_code == 422, response.content
+    factories.step(factories.turn(session), tool_name="run_command", status="approved")
+    host("b")
+    response = client.post(f"/api/sessions/{session.id}/host", {"host": "b"}, content_type="application/json")
+    assert response.status_code == 409 and response.json()["code"] == "session_busy"
+    assert SessionPlacement.objects.get(session=session).host.name == "a"
+    assert not Event.objects.filter(session=session, type="session.moved").exists()
+
+
+def test_runner_token_is_hashed_at_rest_and_revocation_is_immediate(operator: User) -> None:
+    runner, token = runners.runner_create(team=factories.team(), name="cust", actor=operator)
+    row = SandboxHost.objects.filter(pk=runner.pk).values().get()
+    assert token not in {str(v) for v in row.values()}
+    assert runners.runner_authenticate(token) == runner
+    assert runners.runner_authenticate(token + "x") is None
+    runners.runner_revoke(name="cust", actor=operator)
+    assert runners.runner_authenticate(token) is None
+
+
+def test_host_list_api_costs_the_same_queries_for_more_hosts(operator: User,
+                                                            django_assert_num_queries: Any) -> None:
+    client = api_client(operator)
+    host("a")
+    with django_assert_num_queries(2) as first:
+        assert client.get("/api/hosts").status_code == 200
+    host("b")
+    host("c")
+    runners.runner_create(team=factories.team(), name="cust", actor=operator)
+    with django_assert_num_queries(len(first.captured_queries)):
+        assert len(client.get("/api/hosts").json()) == 4
