@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "approvals_app",
     "notify_app",
     "vault_app",
+    "fanout_app",
     "mcp_app",
     "hosts_app",
     "agentops",
@@ -260,6 +261,10 @@ AGENTOPS_PROGRESS_MAX_EVENTS = env.int("AGENTOPS_PROGRESS_MAX_EVENTS", default=5
 # AGENTOPS_RETENTION_SWEEP_SECONDS; ``manage.py retention_sweep`` runs it by hand.
 AGENTOPS_WORKSPACE_TTL_HOURS = env.float("AGENTOPS_WORKSPACE_TTL_HOURS", default=7 * 24)
 AGENTOPS_IDEMPOTENCY_TTL_HOURS = env.float("AGENTOPS_IDEMPOTENCY_TTL_HOURS", default=24)
+# Subagents (fanout_app): how deep children may spawn children, and how many one call may start.
+AGENTOPS_SUBAGENT_MAX_DEPTH = env.int("AGENTOPS_SUBAGENT_MAX_DEPTH", default=2)
+AGENTOPS_SUBAGENT_MAX_FANOUT = env.int("AGENTOPS_SUBAGENT_MAX_FANOUT", default=8)
+AGENTOPS_BATCH_MAX_ROWS = env.int("AGENTOPS_BATCH_MAX_ROWS", default=1000)
 AGENTOPS_KICK_QUIET_SECONDS = env.float("AGENTOPS_KICK_QUIET_SECONDS", default=30.0)
 AGENTOPS_KICK_MAX_PER_SWEEP = env.int("AGENTOPS_KICK_MAX_PER_SWEEP", default=100)
 AGENTOPS_KICK_QUEUE_LIMIT = env.int("AGENTOPS_KICK_QUEUE_LIMIT", default=1000)

@@ -7,6 +7,8 @@ from agentops.api import api
 from approvals_app import review_views
 from approvals_app import views as approval_views
 from approvals_app.api import router as approvals_router
+from fanout_app import views as fanout_views
+from fanout_app.api import router as fanout_router
 from hosts_app import views as host_views
 from hosts_app.api import router as hosts_router
 from hosts_app.runner_api import router as runner_router
@@ -17,6 +19,7 @@ from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
 from vault_app.api import router as vault_router
 
+api.add_router("", fanout_router)  # before sessions: /sessions/batch is not a session id
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)
 api.add_router("", vault_router)
@@ -46,6 +49,9 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/pinned/", session_views.session_pinned_view, name="session_pinned"),
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
          name="artifact_download"),
+    path("batches/", fanout_views.batch_list_view, name="batch_list"),
+    path("batches/new/", fanout_views.batch_create_view, name="batch_create"),
+    path("batches/<uuid:batch_id>/", fanout_views.batch_detail_view, name="batch_detail"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),

@@ -13,6 +13,7 @@ from agentops.permissions import VIEW_APPROVALS, require_perm
 from approvals_app import selectors, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from approvals_app.schemas import ApprovalDecideIn, ApprovalOut, ApprovalPageOut, GrantOut
+from fanout_app.selectors import subagent_lineage
 from sessions_app import selectors as session_selectors
 
 router = Router(tags=["approvals"])
@@ -49,7 +50,8 @@ def approvals_list_api(request: AuthedRequest, status: str | None = None, sessio
 @router.get("/approvals/{request_id}", response={200: ApprovalOut, **ERRORS})
 def approval_get_api(request: AuthedRequest, request_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_APPROVALS)
-    return approval_out(selectors.approval_get(request_id, user=request.user))
+    approval = selectors.approval_get(request_id, user=request.user)
+    return {**approval_out(approval), "lineage": subagent_lineage(approval.session_id)}
 
 
 @router.post("/approvals/{request_id}/decision", response={200: ApprovalOut, **ERRORS})

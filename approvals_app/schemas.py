@@ -46,6 +46,7 @@ class ApprovalOut(Schema):
     priority: int
     claimed_by: str | None
     claimed_until: datetime | None
+    lineage: dict[str, Any] | None = None  # a subagent's request: root session, parent step, agent path
 
 
 class ApprovalPageOut(Schema):

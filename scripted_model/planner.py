@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from scripted_model.demo_mcp import demo_for
+from scripted_model.scenarios_airline import airline_steps
 from scripted_model.script import ScriptError, ScriptStep, ToolCall, parse_script
 
 SCRIPT_FINISHED_TEXT = "(script finished)"
@@ -283,7 +284,7 @@ def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
 
     try:
         parsed = parse_script(script_text)
-        steps = parsed if parsed is not None else demo_for(tools)
+        steps = parsed if parsed is not None else (airline_steps(script_text) or demo_for(tools))
     except ScriptError as exc:
         # Surfaced as the answer (not a 400) so a test author sees the typo in the turn output.
         steps = [ScriptStep(0, (), f"(script error: {exc})")]

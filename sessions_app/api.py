@@ -70,11 +70,13 @@ def session_start_api(request: AuthedRequest, payload: SessionCreateIn) -> Statu
 
 @router.get("/sessions", response={200: SessionPageOut, **ERRORS})
 def sessions_list_api(request: AuthedRequest, status: str | None = None, agent: str | None = None,
-                      q: str | None = None, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+                      q: str | None = None, cursor: str | None = None, limit: int = 50,
+                      batch: str | None = None) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     if status and status not in AgentSession.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": AgentSession.Status.values})
-    return get_paginated_response(queryset=selectors.sessions_list(user=request.user, status=status, agent=agent, q=q),
+    return get_paginated_response(queryset=selectors.sessions_list(user=request.user, status=status, agent=agent, q=q,
+                                                                          batch=batch),
                                   cursor=cursor, limit=limit, serialize=session_out)
 
 

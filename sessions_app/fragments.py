@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 from django.utils.html import escape
 
 from approvals_app import selectors as approval_selectors
-from sessions_app import presenters, selectors
+from sessions_app import hooks, presenters, selectors
 from sessions_app.models import Turn
 
 STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.", "verification.")
@@ -62,6 +62,10 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
     turns = selectors.turns_by_id(turn_ids)
     approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
     htmls = [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    for i, e in enumerate(events):
+        extra = hooks.EVENT_FRAGMENTS.get(e["type"])
+        if extra is not None:  # the subagents' cards (fanout_app)
+            htmls[i] += extra(e)
     sidebar_at = {str(e["session_id"]): i for i, e in enumerate(events) if SIDEBAR_TYPES.match(e["type"])}
     sessions = selectors.sessions_by_id(sidebar_at)
     for session_id, i in sidebar_at.items():

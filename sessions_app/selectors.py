@@ -70,9 +70,10 @@ def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
 
 
 def sessions_list(*, user: Any, status: str | None = None, agent: str | None = None, owner: str | None = None,
-                  q: str | None = None, metadata: dict[str, str] | None = None) -> QuerySet[AgentSession]:
+                  q: str | None = None, metadata: dict[str, str] | None = None,
+                  batch: str | None = None) -> QuerySet[AgentSession]:
     """The sessions of the user's teams, newest first; ``q`` searches titles and turn inputs;
-    ``metadata`` matches keys exactly."""
+    ``metadata`` matches keys exactly; ``batch`` (an id) keeps that batch's sessions (fanout_app)."""
     qs = scope(AgentSession.objects.select_related("agent", "owner"), user).order_by("-created_at", "-id")
     for key, value in (metadata or {}).items():
         qs = qs.filter(**{f"metadata__{key}": value})
@@ -82,6 +83,9 @@ def sessions_list(*, user: Any, status: str | None = None, agent: str | None = N
         qs = qs.filter(agent__slug=agent)
     if owner:
         qs = qs.filter(owner__username=owner)
+    if batch:
+        batch_id = _uuid(batch)
+        qs = qs.filter(batch_member__batch_id=batch_id) if batch_id else qs.none()
     if q:
         # A set of ids, not a correlated EXISTS: PostgreSQL finds the matching turns once through
         # their trigram index (migration 0004) instead of probing each session's turns in turn.
@@ -91,9 +95,10 @@ def sessions_list(*, user: Any, status: str | None = None, agent: str | None = N
 
 
 def sessions_page(*, user: Any, status: str = "", agent: str = "", owner: str = "", q: str = "",
-                  page: int | str = 1, per_page: int = 25) -> Page[AgentSession]:
+                  page: int | str = 1, per_page: int = 25, batch: str = "") -> Page[AgentSession]:
     """A page of ``sessions_list``. Two queries (count, page)."""
-    return Paginator(sessions_list(user=user, status=status, agent=agent, owner=owner, q=q), per_page).get_page(page)
+    return Paginator(sessions_list(user=user, status=status, agent=agent, owner=owner, q=q, batch=batch),
+                     per_page).get_page(page)
 
 
 def session_owners(*, user: Any) -> list[User]:

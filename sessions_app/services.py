@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound, joins_transaction
 from agentops.permissions import OPERATE_SESSIONS, require_perm
+from sessions_app import hooks
 from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
 from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
@@ -127,6 +128,8 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
     if to in TURN_FINISHED and turn.started_at:
         elapsed = (now - turn.started_at).total_seconds()
         AgentSession.objects.filter(pk=turn.session_id).update(wall_seconds=F("wall_seconds") + elapsed)
+    if to in TURN_FINISHED:
+        hooks.turn_ended(turn)  # subagents: wake the parent, cancel the children (fanout_app)
     return turn
 
 

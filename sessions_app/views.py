@@ -61,9 +61,9 @@ def health_panel_view(request: AuthedRequest) -> HttpResponse:
 
 
 def _list_context(request: AuthedRequest) -> dict[str, object]:
-    f = {name: request.GET.get(name, "").strip() for name in ("status", "agent", "owner", "q")}
+    f = {name: request.GET.get(name, "").strip() for name in ("status", "agent", "owner", "q", "batch")}
     page = selectors.sessions_page(user=request.user, status=f["status"], agent=f["agent"], owner=f["owner"], q=f["q"],
-                                   page=request.GET.get("page", 1), per_page=SESSIONS_PER_PAGE)
+                                   page=request.GET.get("page", 1), per_page=SESSIONS_PER_PAGE, batch=f["batch"])
     return {"f": f, "page": page, "qs": urlencode({k: v for k, v in f.items() if v})}
 
 

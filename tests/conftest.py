@@ -148,7 +148,7 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(*, kind: str = "worker", failpoint: str = "", beat: bool = False,
-              marker: Path | None = None) -> subprocess.Popen[bytes]:
+              marker: Path | None = None, concurrency: int | None = None) -> subprocess.Popen[bytes]:
         """A Celery worker (``kind="worker"``, with beat: the sweeper) or a model gateway."""
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
@@ -158,10 +158,10 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
                "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
         env.pop("DATABASE_TEST_NAME", None)
         if kind == "gateway":
-            args = [sys.executable, "manage.py", "model_gateway", "--concurrency", "50"]
+            args = [sys.executable, "manage.py", "model_gateway", "--concurrency", str(concurrency or 50)]
         else:
             args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
-                    "--pool", "threads", "-c", "4", "-l", "warning", "-n", f"w{len(procs)}@%h"]
+                    "--pool", "threads", "-c", str(concurrency or 4), "-l", "warning", "-n", f"w{len(procs)}@%h"]
         if beat:
             args += ["-B", "--schedule", str(tmp_path / f"beat-{len(procs)}")]
         proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)

@@ -11,6 +11,7 @@ from django.db import transaction
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound
 from agentops.permissions import OPERATE_SESSIONS, require_perm
+from sessions_app import hooks
 from sessions_app.engine.turns import turn_cancel
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
@@ -147,7 +148,8 @@ def tool_output_submit(*, session_id: uuid.UUID | str, call_id: str, output: Any
             dispatch.tick_enqueue(step.turn_id)  # a replay changes nothing but re-wakes a turn whose wake-up was lost
             return step
         raise Conflict("This tool call already has an output.", code="already_submitted")
-    if step.status != Step.Status.RUNNING or step.lease_expires_at is not None:
+    if step.status != Step.Status.RUNNING or step.lease_expires_at is not None or hooks.engine_tool_waits(
+            step.tool_name):
         # Only a client tool waits here: a leased step is a command a worker runs.
         raise Conflict(f"This tool call is {step.status}; it does not wait for an output.", code="not_waiting")
     step = step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.COMPLETED if success

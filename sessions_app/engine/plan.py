@@ -42,6 +42,7 @@ class StepState:
     status: str
     leased: bool = False        # running under a lease (a worker holds it), not a client tool waiting
     in_process: bool = False    # a tool that runs in the engine's worker, without the sandbox queue
+    waits: bool = False         # an engine tool waiting on its own work (subagents): no worker, no client
     content: str = ""           # a model step's text
     kind: str = "model"         # for the last model step: a model call, a compaction or a verification
     error_code: str = ""
@@ -95,8 +96,8 @@ def next_action(s: Snapshot) -> Decision:
     statuses = {t.status for t in s.tools}
     if Step.Status.PLANNED in statuses:
         return Decision(Action.GATE_TOOLS)
-    if any(t.status == Step.Status.RUNNING and t.leased for t in s.tools):
-        return Decision(Action.WAIT)  # a command runs; its task ticks when it is done
+    if any(t.status == Step.Status.RUNNING and (t.leased or t.waits) for t in s.tools):
+        return Decision(Action.WAIT)  # a command runs (its task ticks when it is done), or subagents
     approved = [t for t in s.tools if t.status == Step.Status.APPROVED]
     if approved:
         budget = budget_crossed(s.counters, s.turn_seconds, before="tool")

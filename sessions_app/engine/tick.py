@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from agentops import dispatch
 from approvals_app.models import ApprovalRequest
+from sessions_app import hooks
 from sessions_app.engine import llm
 from sessions_app.engine.budgets import session_counters
 from sessions_app.engine.compaction import compaction_arguments
@@ -53,6 +54,7 @@ def _state(step: Step, local: bool = True) -> StepState:
     return StepState(id=step.id, index=step.index, status=step.status,
                      leased=step.lease_expires_at is not None,
                      in_process=local and step.kind == Step.Kind.TOOL and runs_in_process(step.tool_name),
+                     waits=step.kind == Step.Kind.TOOL and hooks.engine_tool_waits(step.tool_name),
                      content=str(content or ""), kind=step.kind, error_code=step.error_code,
                      met=bool(verification and (step.result or {}).get("all_met")))
 
@@ -116,6 +118,7 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         last_model = Step.objects.filter(turn=turn, kind__in=MODEL_KINDS).order_by("-index").first()
         tools = list(Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
                                          index__gt=last_model.index if last_model else -1).order_by("index"))
+        _poll_waiting(tools, session)
         while True:
             context = _context(session, last_model, tools) if turn.status in Turn.ACTIVE else ContextView()
             decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
@@ -135,6 +138,14 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
             for step in tools:
                 if step.status == Step.Status.PLANNED:
                     step.status = tool_step_gate(step=step, session=session)
+
+
+def _poll_waiting(tools: list[Step], session: AgentSession) -> None:
+    """Ask each engine tool that waits (subagents) whether its work is done (``hooks.ENGINE_TOOLS``)."""
+    for step in tools:
+        engine_tool = hooks.ENGINE_TOOLS.get(step.tool_name)
+        if engine_tool is not None and step.status == Step.Status.RUNNING and step.lease_expires_at is None:
+            step.status = engine_tool.poll(step=step, session=session)
 
 
 def _compact(decision: Decision, turn: Turn, session: AgentSession, context: ContextView) -> Claimed | None:

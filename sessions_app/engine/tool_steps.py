@@ -37,6 +37,7 @@ from approvals_app.services import (
     approval_transition,
     grant_use,
 )
+from sessions_app import hooks
 from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
@@ -122,6 +123,9 @@ def tool_available(session: AgentSession, tool_name: str) -> ToolDefinition | No
     tool = tool_definitions_by_name().get(tool_name) or tool_definition_get(tool_name)  # new since the cache
     if tool is None or not tool.enabled or tool_name not in tool_names_of_agent(session.agent_id):
         return None
+    subset = (session.metadata or {}).get("agentops_tools")  # a subagent's tool subset (fanout_app)
+    if isinstance(subset, list) and tool_name not in subset:
+        return None
     return tool
 
 
@@ -165,6 +169,9 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
     except SecretRefused as exc:
         _fail(step, exc.code, exc.message)
         return Step.Status.FAILED
+    engine_tool = hooks.ENGINE_TOOLS.get(tool.name)
+    if engine_tool is not None:  # run by the engine itself (subagents): its own gate
+        return engine_tool.gate(step=step, session=session)
     if tool.kind == ToolDefinition.Kind.CLIENT:
         # The integration runs it and posts the output by call_id; no lease: nothing runs here.
         step_transition(step_id=step.id, session_id=step.session_id, to=Step.Status.RUNNING,

@@ -32,6 +32,7 @@ from django.utils import timezone
 from agentops.models import ApiToken
 from approvals_app import services as approval_services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
+from fanout_app.models import Batch, BatchMember
 from hosts_app import runners
 from hosts_app.models import SandboxHost
 from notify_app.signing import link_token
@@ -100,6 +101,10 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "PATCH", "/api/secrets/{secret}", {"description": "changed"},
      _row(401, 403, 404, 403, 404, 403, 200, 401)),
     ("api", "DELETE", "/api/secrets/{secret}", None, _row(401, 403, 404, 403, 404, 403, 204, 401)),
+    ("api", "GET", "/api/sessions/{busy}/subagents", None, READ_SAME),
+    ("api", "POST", "/api/sessions/batch", {"agent": "{agent}", "rows": [{"input": "hi"}]},
+     _row(401, 201, 404, 403, 403, 201, 201, 401)),
+    ("api", "GET", "/api/batches/{batch}", None, READ_SAME),
     # Sandbox hosts: hosted hosts are listed to everyone signed in, a runner to its team only.
     ("api", "GET", "/api/hosts", None, LIST),
     ("api", "GET", "/api/hosts/{runner}", None, READ_SAME),
@@ -131,6 +136,10 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
      _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "POST", "/sessions/{busy}/turns/{turn}/retry/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "GET", "/sessions/{busy}/artifacts/{artifact}/", None, PAGE_READ_SAME),
+    ("page", "GET", "/batches/", None, PAGE_LIST),
+    ("page", "POST", "/batches/new/", {"agent": "{agent}", "rows": '["hi"]'},
+     _row(302, 302, 422, 403, 403, 302, 302, 302)),
+    ("page", "GET", "/batches/{batch}/", None, PAGE_READ_SAME),
     ("page", "GET", "/approvals/", None, PAGE_LIST),
     ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),
     ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},
@@ -213,6 +222,8 @@ def build_world() -> World:
     step_transition(step_id=client_step.id, to=Step.Status.RUNNING)
     secret = Secret.objects.create(team=same, name="status_token", ciphertext=encrypt("s3cret-value-123"),
                                    allowed_tools=["http_request"])
+    batch = Batch.objects.create(team=same, agent=agent, owner=owner, title="nightly", request_sha256="0" * 64, size=1)
+    BatchMember.objects.create(batch=batch, session=idle, row=0)
     SandboxHost.objects.create(name="h1", kind="hosted", status="online")
     runners.runner_create(team=same, name="r1", actor=users["admin"])  # type: ignore[arg-type]
     tokens = {name: api_token(user) for name, user in users.items() if user is not None}
@@ -221,7 +232,7 @@ def build_world() -> World:
                          "client": str(client_session.id), "artifact": str(artifact.id),
                          "request": str(approval.request_id), "sha": approval.arguments_sha256,
                          "grant": str(grant.pk), "secret": str(secret.pk), "host": "h1", "runner": "r1",
-                         "job": f"{step.id}:1",
+                         "job": f"{step.id}:1", "batch": str(batch.id),
                          "link": link_token(request_id=approval.request_id, user_id=users["rev_same"].pk)},  # type: ignore[union-attr]
                  users=users, tokens=tokens, revoked_token=tokens["revoked_token"])
 
@@ -249,7 +260,7 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
                   .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
                   .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
                   .replace("{grant}", "{grant_id}").replace("{secret}", "{secret_id}")
-                  .replace("{runner}", "{name}").replace("{job}", "{job_id}"))
+                  .replace("{runner}", "{name}").replace("{job}", "{job_id}").replace("{batch}", "{batch_id}"))
                  for m, p in declared_api}
     assert operations == normalise, operations ^ normalise
 
@@ -261,6 +272,7 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
                       .replace("{artifact}", "<uuid:artifact_id>").replace("{request}", "<uuid:request_id>")
                       .replace("{grant}", "<int:grant_id>").replace("{turn}", "<uuid:turn_id>")
                       .replace("{link}", "<str:token>")
+                      .replace("{batch}", "<uuid:batch_id>")
                       for kind, _m, path, _b, _e in MATRIX if kind == "page"}
     assert pages == declared_pages, pages ^ declared_pages
     from agentops.routing import websocket_urlpatterns

@@ -121,8 +121,8 @@ def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentP
     client = login(reviewer)
     client.get(f"/approvals/{approval.request_id}/")
     # session, user, 2 permission reads, approval, viewed-audit throttle, team role, tool, turn steps,
-    # approvals of steps, deltas, audit trail
-    with django_assert_num_queries(13):  # 12, plus the request's votes (quorum, issue 17)
+    # approvals of steps, deltas, audit trail, the request's votes (quorum), the subagent lineage
+    with django_assert_num_queries(14):
         response = client.get(f"/approvals/{approval.request_id}/")
     body = response.content.decode()
     assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body

@@ -223,8 +223,8 @@ def test_session_page_constant_queries(operator: User, agent: AgentProfile, turn
     client = login(operator)
     client.get(f"/sessions/{session.id}/")
     # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas,
-    # notes (pinned edits, compaction requests), artifacts, grants
-    with django_assert_num_queries(12):
+    # notes (pinned edits, compaction requests), artifacts, grants, subagent lineage and children
+    with django_assert_num_queries(14):
         response = client.get(f"/sessions/{session.id}/")
     assert response.status_code == 200
     body = response.content.decode()

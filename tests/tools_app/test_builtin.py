@@ -20,7 +20,7 @@ def workspace() -> Path:
 
 def test_every_builtin_has_a_valid_schema_and_defaults() -> None:
     assert set(BUILTIN_TOOLS) == {"list_files", "read_file", "write_file", "run_command", "publish_artifact",
-                                  "send_email", "http_request"}
+                                  "send_email", "http_request", "search_flights", "hold_seats", "rebook_passengers"}
     for tool in BUILTIN_TOOLS.values():
         assert tool.parameters_schema["type"] == "object"
         assert tool.approval_mode in ("safe_readonly", "confirm_once", "mutating")

@@ -9,6 +9,14 @@ from typing import Any
 
 from tools_app.sandbox import OutputBatcher, PathDenied, SandboxUnavailable
 
+from .airline import (
+    HOLD_SEATS_SCHEMA,
+    REBOOK_SCHEMA,
+    SEARCH_FLIGHTS_SCHEMA,
+    hold_seats,
+    rebook_passengers,
+    search_flights,
+)
 from .command import RUN_COMMAND_SCHEMA, max_tool_timeout, policy_for, run_command
 from .files import (
     LIST_FILES_SCHEMA,
@@ -57,6 +65,16 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {tool.name: tool for tool in (
     # needs_sandbox: it starts no process, but it waits on the network, which an engine tick must not.
     BuiltinTool("http_request", "Make an HTTP request to an allow-listed host.", HTTP_REQUEST_SCHEMA, "mutating",
                 timeout_seconds=30, idempotent=False, network="host", needs_sandbox=True, handler=http_request),
+    # The airline rebooking desk (the subagents demo; ``airline.py``): the workspace's seat inventory.
+    BuiltinTool("search_flights", "Search the candidate flights of the seat inventory (free seats, times).",
+                SEARCH_FLIGHTS_SCHEMA, "safe_readonly", timeout_seconds=10, idempotent=True, network="none",
+                needs_sandbox=False, handler=search_flights),
+    BuiltinTool("hold_seats", "Put seats on hold for a case (reversible: release=true).", HOLD_SEATS_SCHEMA,
+                "confirm_once", timeout_seconds=10, idempotent=True, network="none", needs_sandbox=False,
+                handler=hold_seats),
+    BuiltinTool("rebook_passengers", "Rebook a case's passengers onto a flight and seats (a human decides).",
+                REBOOK_SCHEMA, "mutating", timeout_seconds=10, idempotent=True, network="none",
+                needs_sandbox=False, handler=rebook_passengers),
 )}
 
 

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from agentops.models import Team, TeamMembership, TeamRole
+from fanout_app.demo_airline import airline_agent_seed, airline_batch_start
 from mcp_app.demo_seed import mcp_demo_tracker_ensure
 from scripted_model.demo import DEMO_STARTER_FILES, DEMO_STATUS_SECRET, DEMO_STATUS_TOKEN_ENV
 from sessions_app.models import AgentProfile
@@ -31,6 +32,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model-url", default="", help="Base URL of the scripted model server.")
+        parser.add_argument("scenario", nargs="?", choices=["airline"],
+                            help="Also start a scenario: airline = the rebooking desk's batch of cases.")
 
     def _seed_status_secret(self, team: Team) -> None:
         """The vault secret the demo's status API wants (its token comes from `make run`)."""
@@ -53,6 +56,9 @@ class Command(BaseCommand):
         tracker = mcp_demo_tracker_ensure(team=profile.team)
         profile.tools.add(*tracker)
         self.stdout.write(f"demo incident tracker (MCP): {len(tracker)} tools")
+        if options.get("scenario") == "airline":
+            batch = airline_batch_start(owner=User.objects.get(username="operator"))
+            self.stdout.write(f"airline batch started: /batches/{batch.id}/ ({batch.size} cases)")
 
     def _seed(self, options: dict[str, Any]) -> AgentProfile:
         tool_definitions_seed()
@@ -77,7 +83,10 @@ class Command(BaseCommand):
                       "model": model, "starter_files": DEMO_STARTER_FILES, "max_tool_calls": 50,
                       "max_tokens": 200_000, "max_wall_seconds": 3600},
         )
-        profile.tools.set(ToolDefinition.objects.filter(kind="builtin", enabled=True))
+        profile.tools.set(ToolDefinition.objects.filter(kind="builtin", enabled=True)
+                          .exclude(name__in=["search_flights", "hold_seats", "rebook_passengers", "spawn_subagents"]))
         self._seed_status_secret(team)
         self.stdout.write(f"demo agent {profile.slug!r} uses {base_url or 'the default OpenAI endpoint'} ({model})")
+        desk = airline_agent_seed(team=team, base_url=base_url, model=model)
+        self.stdout.write(f"demo agent {desk.slug!r} (airline rebooking desk, subagents)")
         return profile

@@ -1,0 +1,171 @@
+"""Subagents end to end with real workers: a Celery worker (threads), the model gateway, Redis,
+PostgreSQL and the scripted model over HTTP."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from fanout_app.models import SubagentLink
+from fanout_app.services import spawn_tool_seed
+from scripted_model.server import ScriptedModelServer
+from sessions_app.engine.commands import session_cancel, session_start
+from sessions_app.models import AgentProfile, AgentSession, Step, Turn
+from tests import factories
+from tests.helpers import assert_gap_free, finished, pending_approvals, script, tool
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.usefixtures("workers")
+
+
+@pytest.fixture
+def spawner(engine_agent: AgentProfile) -> AgentProfile:
+    spawn_tool_seed()
+    from tools_app.models import ToolDefinition
+
+    engine_agent.tools.set(ToolDefinition.objects.all())
+    return engine_agent
+
+
+@pytest.fixture
+def oscar(transactional_db: None) -> User:
+    return factories.user("oscar", groups=["operators"])
+
+
+@pytest.fixture(autouse=True)
+def _every_timeline_gap_free(transactional_db: None) -> Iterator[None]:
+    yield
+    for session in AgentSession.objects.all():
+        assert_gap_free(session.id)
+
+
+def spawn(*tasks: dict[str, Any]) -> str:
+    return tool("spawn_subagents", tasks=list(tasks))
+
+
+def child_task(name: str, *lines: str, **extra: Any) -> dict[str, Any]:
+    return {"instructions": f"Check {name}.", "input": "\n".join(lines), **extra}
+
+
+def start(agent: AgentProfile, owner: User, text: str, **kwargs: Any) -> tuple[AgentSession, Turn]:
+    session, turn = session_start(agent=agent, owner=owner, input=text, **kwargs)
+    assert turn is not None
+    return session, turn
+
+
+def spawn_result(turn: Turn) -> Step:
+    return Step.objects.get(turn=turn, tool_name="spawn_subagents")
+
+
+def test_subagents_run_in_parallel_and_answer_the_parent(spawner: AgentProfile, oscar: User,
+                                                         scripted_model: ScriptedModelServer) -> None:
+    before = scripted_model.request_log.last_seq
+    session, turn = start(spawner, oscar, script(
+        spawn(child_task("seats", "sleep 1500", "say seats ok"), child_task("arrival", "sleep 1500",
+                                                                            "say arrives 09:10"),
+              child_task("meals", "sleep 1500", "say meals ok")),
+        "say all three checked"))
+    turn = finished(turn, timeout=60)
+    assert turn.status == Turn.Status.COMPLETED, (turn.error_code, turn.error_message)
+    assert turn.output_text == "all three checked"
+    step = spawn_result(turn)
+    answers = {c["index"]: (c["status"], c["answer"]) for c in (step.result or {})["subagents"]}
+    assert answers == {0: ("completed", "seats ok"), 1: ("completed", "arrives 09:10"), 2: ("completed", "meals ok")}
+    links = list(SubagentLink.objects.filter(parent=session).order_by("index"))
+    assert [link.depth for link in links] == [1, 1, 1] and all(link.root_id == session.id for link in links)
+    # Their model calls overlapped: each 1.5 s call started before any of the others ended.
+    children = [e for e in scripted_model.logged_requests(after=before) if e.last_user_message.startswith("Check")]
+    assert len(children) == 3
+    assert max(e.received_at for e in children) < min(e.finished_at for e in children)
+    # The parent's timeline announced each child, and the parent paid for its children's calls.
+    types = list(session.events.values_list("type", flat=True))
+    assert types.count("subagents.spawned") == 1 and types.count("subagent.finished") == 3
+    session.refresh_from_db()
+    assert session.model_calls == 2 + 3 and session.tool_calls == 1
+
+
+def test_subagents_bad_task_lists_are_tool_errors_the_model_reads(spawner: AgentProfile, oscar: User,
+                                                                   settings: Any) -> None:
+    settings.AGENTOPS_SUBAGENT_MAX_FANOUT = 2
+    _, turn = start(spawner, oscar, script(
+        tool("spawn_subagents", tasks=[]),
+        spawn(child_task("a", "say a"), child_task("b", "say b"), child_task("c", "say c")),
+        spawn(child_task("a", "say a", agent="no-such-agent")),
+        spawn(child_task("a", "say a", tools=["no_such_tool"])),
+        spawn({"input": "no instructions"}),
+        spawn(child_task("a", "say a", files=["../etc/passwd"])),
+        "say gave up"))
+    turn = finished(turn, timeout=60)
+    assert turn.status == Turn.Status.COMPLETED and turn.output_text == "gave up"
+    steps = list(Step.objects.filter(turn=turn, kind="tool").order_by("index"))
+    assert [s.status for s in steps] == ["failed"] * 6
+    messages = [(s.result or {})["output"] for s in steps]
+    assert "non-empty list" in messages[0]
+    assert "at most 2 subagents" in messages[1]
+    assert "no enabled agent profile 'no-such-agent'" in messages[2]
+    assert "no_such_tool" in messages[3]
+    assert "instructions" in messages[4]
+    assert "no file '../etc/passwd'" in messages[5]
+    assert not SubagentLink.objects.exists() and AgentSession.objects.count() == 1
+
+
+def test_subagents_cannot_nest_beyond_the_depth_limit(spawner: AgentProfile, oscar: User, settings: Any) -> None:
+    settings.AGENTOPS_SUBAGENT_MAX_DEPTH = 1
+    grandchild = spawn(child_task("deeper", "say never"))
+    session, turn = start(spawner, oscar, script(spawn(child_task("nested", grandchild, "say child done")),
+                                                 "say parent done"))
+    turn = finished(turn, timeout=60)
+    assert turn.status == Turn.Status.COMPLETED
+    child = SubagentLink.objects.get(parent=session).child
+    child_step = Step.objects.get(session=child, tool_name="spawn_subagents")
+    assert child_step.status == "failed" and "at most 1 deep" in (child_step.result or {})["output"]
+    assert AgentSession.objects.count() == 2
+
+
+def test_subagent_approval_carries_lineage_and_cancel_cascades(spawner: AgentProfile, oscar: User,
+                                                               reviewer: User) -> None:
+    session, turn = start(spawner, oscar, script(
+        spawn(child_task("files", tool("write_file", path="x.txt", content="x"), "say wrote"),
+              child_task("slow", "sleep 30000", "say slow")),
+        "say never"))
+    link = wait_for(lambda: SubagentLink.objects.filter(parent=session, index=0).first(), 30, "the children")
+    child_turn = Turn.objects.get(session_id=link.child_id)
+    approval = pending_approvals(child_turn)[0]
+    client = Client()
+    client.force_login(reviewer)
+    body = client.get(f"/api/approvals/{approval.request_id}").json()
+    assert body["lineage"] == {"root_session_id": str(session.id), "parent_session_id": str(session.id),
+                               "parent_step_id": str(spawn_result(turn).id), "depth": 1,
+                               "agent_path": link.agent_path}
+    page = client.get(f"/approvals/{approval.request_id}/").content.decode()
+    assert link.agent_path.replace("›", "&rsaquo;") in page or link.agent_path in page
+    lineage = client.get(f"/api/sessions/{link.child_id}/subagents").json()
+    assert lineage["parent"]["session_id"] == str(session.id)
+    assert len(client.get(f"/api/sessions/{session.id}/subagents").json()["children"]) == 2
+
+    session_cancel(session_id=session.id, actor=oscar)
+    assert Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
+    for child_id in SubagentLink.objects.filter(parent=session).values_list("child_id", flat=True):
+        assert Turn.objects.get(session_id=child_id).status == Turn.Status.CANCELLED
+    approval.refresh_from_db()
+    assert approval.status == "cancelled"
+
+
+def test_subagents_draw_on_the_parents_budget(spawner: AgentProfile, oscar: User) -> None:
+    looping = [tool("list_files", path=".")] * 6
+    session, turn = start(spawner, oscar, script(spawn(child_task("a", *looping, "say a"),
+                                                       child_task("b", *looping, "say b")), "say done"),
+                          budget={"max_model_calls": 7})
+    turn = finished(turn, timeout=60)
+    # The parent had 6 model calls left after its first: 3 for each child, whose 7 calls do not fit.
+    children = list(AgentSession.objects.filter(subagent_link__parent=session))
+    assert sorted(c.max_model_calls or 0 for c in children) == [3, 3]
+    assert all(Turn.objects.get(session=c).error_code == "budget_exceeded" for c in children)
+    step = spawn_result(turn)
+    assert [c["status"] for c in (step.result or {})["subagents"]] == ["failed", "failed"]
+    session.refresh_from_db()
+    assert session.model_calls == 1 + 3 + 3
+    # The parent's own budget is spent by its children: its next call would cross it.
+    assert turn.status == Turn.Status.FAILED and turn.error_code == "budget_exceeded"
