@@ -150,11 +150,12 @@ def generate(size: Size) -> dict[str, int]:
             INSERT INTO approvals_app_approvalrequest
                 (request_id, kind, tool_name, arguments, arguments_sha256, approval_mode, risk, risk_note,
                  sandbox_backend, network_policy, preview, status, decision, reason, seen_sha256, remember,
-                 created_at, updated_at, session_id, step_id, turn_id, team_id, run_spec, approved_sha256)
+                 created_at, updated_at, session_id, step_id, turn_id, team_id, run_spec, approved_sha256,
+                 omit_arguments, policy_reason, priority, required_approvals)
             SELECT gen_random_uuid(), 'tool', st.tool_name, st.arguments, md5(st.id::text) || md5(st.id::text),
                    'mutating', (ARRAY['low', 'medium', 'high'])[1 + t.n %% 3], '', 'bubblewrap', 'none', '',
                    'pending', '', '', '', false, t.created_at, t.created_at, t.session_id, st.id, t.id,
-                   %(team)s, '{}'::jsonb, ''
+                   %(team)s, '{}'::jsonb, '', false, '', 0, 1
             FROM gen_turn t JOIN sessions_app_step st ON st.turn_id = t.id AND st.index = 1
             WHERE t.status = 'awaiting_approval'""", params)
         # ON COMMIT DROP is not enough inside an outer transaction (a test's): a second call needs them gone.
