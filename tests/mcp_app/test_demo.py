@@ -21,6 +21,7 @@ pytestmark = pytest.mark.usefixtures("workers")
 
 
 def test_demo_incident_responder_uses_the_mcp_incident_tracker(scripted_model_url: str, real_sandbox: None) -> None:
+    factories.ensure_roles()  # an earlier transactional test flushed the roles' data migration
     call_command("agentops_demo", model_url=scripted_model_url)
     server = McpServer.objects.get(name="tracker")
     assert server.team.slug == "demo" and server.status == McpServer.Status.OK

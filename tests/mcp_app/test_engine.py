@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
@@ -75,7 +76,7 @@ def test_mcp_stdio_results_and_failures_in_one_turn(
     assert "ABC" in turn.output_text
     image = Artifact.objects.get(session=session)
     assert image.content_type == "image/png" and image.path.startswith("outputs/mcp/fx-snapshot-")
-    assert Path(image.storage_path).read_bytes().startswith(b"\x89PNG")
+    assert (Path(settings.AGENTOPS_ARTIFACT_ROOT) / image.storage_path).read_bytes().startswith(b"\x89PNG")
     malformed, crashed = Step.objects.filter(turn=turn, tool_name="fx__note").order_by("index")
     # Not a timeout: the bad line ends the conversation at once.
     assert malformed.status == "failed" and malformed.error_code == "mcp_malformed_result", malformed.error_message
