@@ -210,8 +210,11 @@ def register_environments(api: NinjaAPI, refuse: Callable[[AuthedRequest, str], 
         """``self_hosted``: a customer runner of one of your teams (``hosts_app.runners``); its token is in
         this response only. Anything hosted is refused."""
         spec = parse_resources.environment_create(parse.body(request))
-        team_id = selectors.team_for_new_agent(user=request.user, team=spec.team)
-        host, token = runners.runner_create(team=Team.objects.get(pk=team_id), name=spec.name,
+        # A named team the caller belongs to (runner_create checks the operator role: 403 otherwise),
+        # else the one team where the caller operates.
+        team = (vault_selectors.vault_team_get(spec.team, user=request.user) if spec.team
+                else Team.objects.get(pk=selectors.team_for_new_agent(user=request.user)))
+        host, token = runners.runner_create(team=team, name=spec.name,
                                             actor=request.user, pool=spec.pool, labels=spec.labels)
         return {**out.environment_out(host_selectors.host_visible_get(user=request.user, name=host.name)),
                 "agentops_runner_token": token}
