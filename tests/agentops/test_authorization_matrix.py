@@ -167,7 +167,8 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("wire", "POST", "/openai/v1/vaults/same/credentials",
      {"name": "new_one", "auth": {"type": "environment_variable", "secret_value": "0123456789abcdef"}},
      _row(401, 403, 404, 403, 404, 403, 200, 401)),
-    ("wire", "DELETE", "/openai/v1/vaults/same/credentials/{secret}", None, _row(401, 403, 404, 403, 404, 403, 200, 401)),
+    ("wire", "DELETE", "/openai/v1/vaults/same/credentials/{secret}", None,
+     _row(401, 403, 404, 403, 404, 403, 200, 401)),
     # An environment is a sandbox host; creating a self_hosted one creates a runner of the team.
     ("wire", "GET", "/openai/v1/agents/environments", None, LIST),
     ("wire", "GET", "/openai/v1/agents/environments/{runner}", None, READ_SAME),

@@ -1,4 +1,4 @@
-# mypy: disable-error-code="union-attr"
+# mypy: disable-error-code="union-attr, index, arg-type, typeddict-item"
 """Conformance, the peripheral half: the official openai SDK's subagents, vaults/credentials and
 environments endpoints against agentops's child sessions, secrets vault and sandbox hosts (live
 daphne, a Celery worker, the model gateway, the scripted model)."""
@@ -15,8 +15,8 @@ from hosts_app.models import SandboxHost
 from tests.e2e.conftest import Stack, World
 from tests.e2e.test_openai_sdk import _client, _until_idle, sdk  # noqa: F401 - the SDK fixture
 from tests.helpers import api_token, script, tool
-from vault_app.models import Secret
 from vault_app.crypto import decrypt
+from vault_app.models import Secret
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -95,7 +95,7 @@ def test_credentials_go_into_the_team_vault_and_never_come_back(world: World, st
     with pytest.raises(openai.BadRequestError) as refused:
         client.beta.agents.vaults.credentials.create(team, name="oauth", auth={
             "type": "static_bearer", "mcp_server_url": "https://mcp.example", "token": VALUE})
-    assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+    assert refused.value.body["code"] == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError):
         client.beta.agents.vaults.create(name="another")
     with pytest.raises(openai.PermissionDeniedError):  # the vault_app permission, as in agentops's own API
@@ -110,10 +110,10 @@ def test_a_self_hosted_environment_is_a_runner_and_hosted_ones_are_refused(world
     client = _client(stack, api_token(world.operator), max_retries=0)
     SandboxHost.objects.create(name="shared-1", kind="hosted", status="online", pool="default")
     created = client.beta.agents.environments.create(
-        environment={"type": "self_hosted", "workspace_directory": "/workspace"},  # type: ignore[typeddict-item]
+        environment={"type": "self_hosted", "workspace_directory": "/workspace"},
         extra_body={"agentops_runner": {"name": "acme-laptop", "pool": "acme", "labels": ["gpu"]}})
     assert created.type == "self_hosted" and created.id == "acme-laptop" and created.status == "disconnected"
-    token = created.model_extra["agentops_runner_token"]  # type: ignore[index]
+    token = created.model_extra["agentops_runner_token"]
     host = SandboxHost.objects.get(name="acme-laptop")
     assert host.kind == "runner" and host.pool == "acme" and host.team_id == world.agent.team_id and token
     assert {e.id for e in client.beta.agents.environments.list()} == {"acme-laptop", "shared-1"}
@@ -122,13 +122,13 @@ def test_a_self_hosted_environment_is_a_runner_and_hosted_ones_are_refused(world
 
     for environment in ({"type": "openai_hosted", "container_size": "small"}, {"type": "none"}):
         with pytest.raises(openai.BadRequestError) as refused:
-            client.beta.agents.environments.create(environment=environment)  # type: ignore[arg-type]
-        assert refused.value.body["code"] == "unsupported_feature"  # type: ignore[index]
-        assert refused.value.body["param"] == "environment.type"  # type: ignore[index]
+            client.beta.agents.environments.create(environment=environment)
+        assert refused.value.body["code"] == "unsupported_feature"
+        assert refused.value.body["param"] == "environment.type"
     with pytest.raises(openai.BadRequestError):
         client.beta.agents.environments.templates.create(name="python")
     with pytest.raises(openai.ConflictError):
-        client.beta.agents.environments.create(environment={"type": "self_hosted"},  # type: ignore[typeddict-item]
+        client.beta.agents.environments.create(environment={"type": "self_hosted"},
                                                extra_body={"agentops_runner": {"name": "acme-laptop"}})
     assert SandboxHost.objects.count() == 2
     client.close()

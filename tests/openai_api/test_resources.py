@@ -76,11 +76,13 @@ def test_vaults_are_the_callers_teams_and_a_value_never_leaves(admin_client: Cli
 def test_subagents_are_the_child_sessions_nested_ones_included(operator: User) -> None:
     agent = factories.agent_profile()
     root, turn = session_start(agent=agent, owner=operator, input="go")
+    assert turn is not None
     step = factories.step(turn, tool_name="spawn_subagents", call_id="call_spawn")
     child, child_turn = session_start(agent=agent, owner=operator, input="part 0")
     SubagentLink.objects.create(child=child, parent=root, root=root, parent_step=step, index=0, depth=1,
                                 agent_path="a/0", task={"instructions": "Do part 0."})
     nested, _ = session_start(agent=agent, owner=operator, input="part 0.0")
+    assert child_turn is not None
     nested_step = factories.step(child_turn, tool_name="spawn_subagents", call_id="call_spawn2")
     SubagentLink.objects.create(child=nested, parent=child, root=root, parent_step=nested_step, index=0, depth=2,
                                 agent_path="a/0 › a/0", task={"input": "part 0.0"})
