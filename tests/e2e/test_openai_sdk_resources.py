@@ -34,6 +34,10 @@ def test_a_subagent_is_visible_through_the_subagents_endpoints(sdk: OpenAI, worl
         input=script(tool("spawn_subagents", tasks=tasks), "say children done"))
     events = _until_idle(stream)
     assert events[-1].type == "agent.session.idle"
+    opened = [e.subagent for e in events if e.type == "agent.session.subagent.created"]
+    closed = [e.subagent for e in events if e.type == "agent.session.subagent.closed"]
+    assert [(s.status, s.parent_agent_id) for s in opened] == [("active", world.agent.slug)]
+    assert [(s.id, s.status) for s in closed] == [(opened[0].id, "closed")]
     session_id = events[0].session.id
     child_id = str(SubagentLink.objects.get(parent_id=session_id).child_id)
 
