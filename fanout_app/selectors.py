@@ -37,6 +37,23 @@ def subagent_children(session_id: Any) -> list[dict[str, Any]]:
     return out
 
 
+def subagent_descendants(root_id: Any, *, child_id: Any = None) -> list[dict[str, Any]]:
+    """Every child session spawned under ``root_id`` (nested ones too, closed ones too), in spawn
+    order, with its status and task; or only ``child_id`` among them (one query)."""
+    qs = SubagentLink.objects.filter(root_id=root_id).select_related("child", "parent__agent")
+    if child_id is not None:
+        try:
+            qs = qs.filter(child_id=uuid.UUID(str(child_id)))
+        except ValueError:
+            return []
+    return [{"session_id": str(link.child_id), "parent_session_id": str(link.parent_id),
+             "parent_agent_slug": link.parent.agent.slug, "title": link.child.title,
+             "agent_path": link.agent_path, "depth": link.depth, "task": link.task,
+             "session_status": link.child.status, "created_at": link.created_at,
+             "updated_at": link.child.updated_at}
+            for link in qs.order_by("created_at", "depth", "index")]
+
+
 def children_by_step(session_id: Any) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = {}
     for child in subagent_children(session_id):

@@ -16,7 +16,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.signals import got_request_exception
-from django.db.models import Q, QuerySet
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -29,7 +28,10 @@ from agentops.http import AuthedRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm, require_perm
 from approvals_app import selectors as approval_selectors
 from approvals_app.services import approval_decide
-from openai_api import parse, wire
+from openai_api import parse, resources_api, wire
+from openai_api.pages import empty_page as _empty_page
+from openai_api.pages import list_page as _list_page
+from openai_api.pages import page as _page
 from openai_api.streams import wire_event_stream
 from sessions_app import agent_profiles, selectors, services
 from sessions_app.downloads import artifact_response
@@ -103,42 +105,6 @@ def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("unhandled error in %s %s", request.method, request.path)
     got_request_exception.send(sender=None, request=request)
     return error_response(500, "internal_error", "The server failed to handle this request.")
-
-
-# --- pagination -------------------------------------------------------------------------------
-
-def _page(qs: QuerySet[Any], *, after_row: Any, order: str, limit: int, fields: tuple[str, str],
-          serialize: Any = None, serialize_rows: Any = None) -> dict[str, Any]:
-    """A CursorPage: ``{"data", "has_more", "first_id", "last_id"}``, keyset on ``fields``;
-    ``serialize`` shapes one row, or ``serialize_rows`` the whole page (bulk reads)."""
-    desc = order == "desc"
-    first, second = fields
-    if after_row is not None:
-        v1, v2 = getattr(after_row, first), getattr(after_row, second)
-        op = "lt" if desc else "gt"
-        qs = qs.filter(Q(**{f"{first}__{op}": v1}) | Q(**{first: v1, f"{second}__{op}": v2}))
-    qs = qs.order_by(*(f"-{f}" if desc else f for f in fields))
-    rows = list(qs[: limit + 1])
-    data = serialize_rows(rows[:limit]) if serialize_rows else [serialize(row) for row in rows[:limit]]
-    return {"object": "list", "data": data, "has_more": len(rows) > limit,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
-
-
-def _list_page(items: list[dict[str, Any]], *, after: str | None, order: str, limit: int) -> dict[str, Any]:
-    """A page of a list built in memory (items in ascending order), cursor = an item id."""
-    items = list(reversed(items)) if order == "desc" else items
-    if after:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise parse.WireError(f"Invalid 'after': no item {after!r} in this list.", param="after")
-        items = items[ids.index(after) + 1:]
-    data = items[:limit]
-    return {"object": "list", "data": data, "has_more": len(items) > limit,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
-
-
-def _empty_page() -> dict[str, Any]:
-    return {"object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}
 
 
 # --- agents -----------------------------------------------------------------------------------
@@ -404,30 +370,9 @@ def artifact_content_api(request: AuthedRequest, session_id: str, artifact_id: s
                                                          user=request.user))
 
 
-# --- what agentops does not have: subagents, traces ------------------------------------------
+# --- subagents (child sessions) and traces (agentops has none) ---------------------------------
 
-@api.get("/agents/sessions/{session_id}/subagents")
-def subagents_list_api(request: AuthedRequest, session_id: str, after: str | None = None, limit: int = 20,
-                       order: str = "desc") -> dict[str, Any]:
-    """agentops has no subagents: a session never has one (and creating one is refused)."""
-    require_perm(request.user, VIEW_SESSIONS)
-    selectors.session_get(session_id, user=request.user)
-    parse.list_params(limit, order)
-    return _empty_page()
-
-
-@api.get("/agents/sessions/{session_id}/subagents/{subagent_id}")
-def subagent_retrieve_api(request: AuthedRequest, session_id: str, subagent_id: str) -> dict[str, Any]:
-    require_perm(request.user, VIEW_SESSIONS)
-    selectors.session_get(session_id, user=request.user)
-    raise NotFound(f"No subagent {subagent_id}: agentops sessions have no subagents.")
-
-
-@api.get("/agents/sessions/{session_id}/subagents/{subagent_id}/{path:rest}")
-def subagent_children_api(request: AuthedRequest, session_id: str, subagent_id: str, rest: str) -> dict[str, Any]:
-    require_perm(request.user, VIEW_SESSIONS)
-    selectors.session_get(session_id, user=request.user)
-    raise NotFound(f"No subagent {subagent_id}: agentops sessions have no subagents.")
+resources_api.register_subagents(api, lambda: _client_tools())
 
 
 @api.get("/agents/sessions/{session_id}/traces")
@@ -438,14 +383,11 @@ def traces_list_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
                           "/api/sessions/{id}/events instead.", code="unsupported_endpoint", status=404)
 
 
-# --- environments, vaults, automations: refused at creation, empty otherwise -------------------
+# --- environments and vaults (openai_api.resources_api); templates and automations refused ---------
 
 REFUSALS = {
-    "environments": ("hosted environments and environment templates",
-                     "sessions run in agentops's own sandboxed workspaces; create sessions with "
-                     "environment {\"type\": \"none\"}."),
-    "vaults": ("vaults and credentials", "agentops has no secrets vault yet; configure model keys and tools in "
-                                         "agentops."),
+    "environments": ("environment templates", "agentops has no hosted environments to build from templates; "
+                                              "create a self_hosted environment (an agentops runner)."),
     "automations": ("automations", "agentops has no scheduled automations; start sessions from your own scheduler."),
 }
 
@@ -463,14 +405,8 @@ def _peripheral(request: AuthedRequest, family: str, rest: str) -> dict[str, Any
     raise NotFound(f"No such {family.rstrip('s')} resource {rest.strip('/')!r}: agentops has no {what}.")
 
 
-@api.api_operation(["GET", "POST"], "/agents/environments")
-def environments_api(request: AuthedRequest) -> dict[str, Any]:
-    return _peripheral(request, "environments", "")
-
-
-@api.api_operation(["GET", "POST", "DELETE"], "/agents/environments/{path:rest}")
-def environment_api(request: AuthedRequest, rest: str) -> dict[str, Any]:
-    return _peripheral(request, "environments", rest)
+resources_api.register_environments(api, lambda request, rest: _peripheral(request, "environments", rest))
+resources_api.register_vaults(api)
 
 
 @api.api_operation(["GET", "POST"], "/agents/automations")
@@ -481,16 +417,6 @@ def automations_api(request: AuthedRequest) -> dict[str, Any]:
 @api.api_operation(["GET", "POST", "DELETE"], "/agents/automations/{path:rest}")
 def automation_api(request: AuthedRequest, rest: str) -> dict[str, Any]:
     return _peripheral(request, "automations", rest)
-
-
-@api.api_operation(["GET", "POST"], "/vaults")
-def vaults_api(request: AuthedRequest) -> dict[str, Any]:
-    return _peripheral(request, "vaults", "")
-
-
-@api.api_operation(["GET", "POST", "DELETE"], "/vaults/{path:rest}")
-def vault_api(request: AuthedRequest, rest: str) -> dict[str, Any]:
-    return _peripheral(request, "vaults", rest)
 
 
 # --- agents (after the fixed /agents/... paths) ------------------------------------------------

@@ -227,8 +227,9 @@ def _environment(value: Any) -> None:
     if kind == "none":
         return
     if kind in ("openai_hosted", "self_hosted"):
-        raise unsupported("environment.type", f"{kind} environments: agentops runs tools in its own sandboxed "
-                                              "workspaces; use {\"type\": \"none\"}")
+        raise unsupported("environment.type", f"{kind} session environments: agentops places a session on its "
+                                              "sandbox hosts by the agent's host pool (a self_hosted environment "
+                                              "created here is a runner in such a pool); use {\"type\": \"none\"}")
     raise WireError(f"Unknown environment type {kind!r}.", param="environment.type")
 
 
@@ -336,3 +337,4 @@ def session_inputs(data: dict[str, Any]) -> list[Input]:
         else:
             raise WireError(f"Unknown input event type {kind!r}.", param=f"{where}.type")
     return out
+

@@ -262,6 +262,7 @@ class WireStream:
         self.client_steps: dict[str, str] = dict(client_steps or {})  # step id → call id
         self.announced: set[str] = set()  # model steps whose message item was added
         self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
+        self.opened: dict[str, int | None] = {}  # child session id → when its subagent.created was seen
 
     @staticmethod
     def _key(action: dict[str, Any]) -> str:
@@ -390,4 +391,18 @@ class WireStream:
         if kind in ("approval.decided", "approval.expired", "approval.cancelled"):
             self.actions.pop(str(payload.get("request_id", "")), None)
             return []
+        if kind == "subagents.spawned":  # this session's own children (nested ones: in their parent's stream)
+            return [{"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)}
+                    for child in payload.get("children") or []]
+        if kind == "subagent.finished":
+            return [{"type": "agent.session.subagent.closed", "subagent": self._subagent(payload, at, at)}]
         return []
+
+    def _subagent(self, child: dict[str, Any], at: int | None, closed_at: int | None) -> dict[str, Any]:
+        """A child session as ``openai_api.wire_resources.subagent_out`` shows it, from its event."""
+        child_id = str(child.get("session_id", ""))
+        opened = self.opened.setdefault(child_id, at)
+        return {"id": child_id, "object": "agent.session.subagent", "session_id": self.snapshot["id"],
+                "parent_agent_id": self.snapshot["agent"]["id"], "name": child.get("title") or child.get("agent_path"),
+                "instructions": None, "status": "active" if closed_at is None else "closed", "opened_at": opened,
+                "closed_at": closed_at}

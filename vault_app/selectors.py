@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agentops.domain import NotFound
+from agentops.models import Team
 from agentops.teams import scope
 from tools_app.secret_refs import references_in
 from vault_app.models import Secret
@@ -57,3 +58,15 @@ def secrets_named(*, team_id: int | None, names: list[str]) -> dict[str, Secret]
     if team_id is None or not names:
         return {}
     return {s.name: s for s in Secret.objects.defer("ciphertext").filter(team_id=team_id, name__in=names)}
+
+
+def vault_teams(*, user: Any) -> "QuerySet[Team]":
+    """The teams whose secrets the user sees (a team's secrets are its vault), by creation."""
+    return scope(Team.objects.all(), user, field="id").order_by("created_at", "id")
+
+
+def vault_team_get(slug: str, *, user: Any) -> Team:
+    team = vault_teams(user=user).filter(slug=slug).first()
+    if team is None:
+        raise NotFound(f"No vault {slug!r}: a vault is one of your teams (its slug)")
+    return team

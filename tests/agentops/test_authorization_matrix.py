@@ -159,6 +159,22 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("wire", "GET", "/openai/v1/agents/sessions/{busy}", None, READ_SAME),
     ("wire", "GET", "/openai/v1/agents/sessions/{busy}/turns", None, READ_SAME),
     ("wire", "GET", "/openai/v1/agents/sessions/{busy}/artifacts", None, READ_SAME),
+    ("wire", "GET", "/openai/v1/agents/sessions/{busy}/subagents", None, READ_SAME),
+    # A vault is a team (its slug); a credential one of its secrets: writes need the vault_app permissions.
+    ("wire", "GET", "/openai/v1/vaults", None, LIST),
+    ("wire", "GET", "/openai/v1/vaults/same/credentials", None, READ_SAME),
+    ("wire", "GET", "/openai/v1/vaults/same/credentials/{secret}", None, READ_SAME),
+    ("wire", "POST", "/openai/v1/vaults/same/credentials",
+     {"name": "new_one", "auth": {"type": "environment_variable", "secret_value": "0123456789abcdef"}},
+     _row(401, 403, 404, 403, 404, 403, 200, 401)),
+    ("wire", "DELETE", "/openai/v1/vaults/same/credentials/{secret}", None,
+     _row(401, 403, 404, 403, 404, 403, 200, 401)),
+    # An environment is a sandbox host; creating a self_hosted one creates a runner of the team.
+    ("wire", "GET", "/openai/v1/agents/environments", None, LIST),
+    ("wire", "GET", "/openai/v1/agents/environments/{runner}", None, READ_SAME),
+    ("wire", "POST", "/openai/v1/agents/environments",
+     {"environment": {"type": "self_hosted"}, "agentops_runner": {"name": "r-new", "team": "same"}},
+     _row(401, 200, 404, 403, 404, 200, 200, 401)),
     ("ws", "CONNECT", "/ws/sessions/{busy}/", None, _row(4401, 101, 4403, 101, 4403, 101, 101, 4401)),
     ("ws", "CONNECT", "/ws/approvals/", None, _row(4401, 101, 101, 101, 101, 101, 101, 4401)),
 ]
@@ -304,7 +320,7 @@ def test_http_authorization(kind: str, method: str, path: str, body: dict[str, A
         response = client.generic(method, url, json.dumps(data), content_type="application/json")
     elif method == "DELETE":
         response = client.delete(url)
-    elif kind == "api":
+    elif kind in ("api", "wire"):
         response = client.post(url, json.dumps(data), content_type="application/json")
     else:
         response = client.post(url, data)
@@ -329,6 +345,7 @@ def _assert_nothing_changed(world: World) -> None:
     assert Step.objects.get(call_id="call_client").status == "running"
     assert Turn.objects.get(pk=world.values["turn"]).status != "cancelled"
     assert list(Secret.objects.values_list("name", "description")) == [("status_token", "")]
+    assert not SandboxHost.objects.filter(name="r-new").exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -113,10 +113,16 @@ def test_session_features_agentops_lacks_are_refused_at_creation(wire_client: Cl
 
 
 def test_peripheral_resources_refuse_creation_and_list_nothing(wire_client: Client) -> None:
-    for path in ("/vaults", "/agents/environments", "/agents/environments/templates", "/agents/automations"):
+    for path in ("/agents/environments/templates", "/agents/automations"):
         refused = _post(wire_client, path, {"name": "x"})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_feature", path
         assert _get(wire_client, path).json()["data"] == [], path
+    refused = _post(wire_client, "/vaults", {"name": "x"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_feature"
+    assert [v["id"] for v in _get(wire_client, "/vaults").json()["data"]] == ["default"]  # the operator's team
+    hosted = _post(wire_client, "/agents/environments", {"environment": {"type": "openai_hosted"}})
+    assert hosted.status_code == 400 and hosted.json()["error"]["code"] == "unsupported_feature"
+    assert _get(wire_client, "/agents/environments").json()["data"] == []  # no sandbox host yet
     assert _get(wire_client, "/vaults/vault_1/credentials").status_code == 404
     assert _get(wire_client, "/agents/environments/env_1").status_code == 404
 
@@ -302,7 +308,7 @@ def test_an_inline_agent_becomes_a_profile_of_its_own(wire_client: Client, opera
     ("POST", "/agents/environments/templates", 400), ("GET", "/agents/environments/templates", 200),
     ("GET", "/agents/environments/templates/tpl_1", 404), ("POST", "/agents/environments/templates/tpl_1", 404),
     ("DELETE", "/agents/environments/templates/tpl_1", 404),
-    ("POST", "/vaults", 400), ("GET", "/vaults", 200), ("GET", "/vaults/v_1", 404), ("POST", "/vaults/v_1", 404),
+    ("POST", "/vaults", 400), ("GET", "/vaults/v_1", 404), ("POST", "/vaults/v_1", 404),
     ("DELETE", "/vaults/v_1", 404), ("POST", "/vaults/v_1/credentials", 404), ("GET", "/vaults/v_1/credentials", 404),
     ("GET", "/vaults/v_1/credentials/c_1", 404), ("POST", "/vaults/v_1/credentials/c_1", 404),
     ("DELETE", "/vaults/v_1/credentials/c_1", 404),
