@@ -110,9 +110,12 @@ class ModelClients:
         self._endpoints.clear()
 
 
-def tools_param(profile: AgentProfile) -> list[dict[str, Any]]:
-    """The agent's enabled tools as the model sees them (from the cached registry)."""
+def tools_param(profile: AgentProfile, subset: Any = None) -> list[dict[str, Any]]:
+    """The agent's enabled tools as the model sees them (from the cached registry); ``subset`` (a
+    subagent's list of tool names, ``metadata["agentops_tools"]``) narrows them, as the gate does."""
     names, defs = tool_names_of_agent(profile.pk), tool_definitions_by_name()
+    if isinstance(subset, list):
+        names = names & frozenset(subset)
     return [{"type": "function", "function": {"name": t.name, "description": t.description,
                                               "parameters": t.parameters_schema or {"type": "object"}}}
             for name in sorted(names) if (t := defs.get(name)) is not None and t.enabled]

@@ -76,7 +76,8 @@ class Conversation:
         session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
         started_at = Turn.objects.values_list("started_at", flat=True).get(pk=step.turn_id)
         return cls(session=session, turn_started_at=started_at, messages=build_messages(session),
-                   tools=llm.tools_param(session.agent), counters=session_counters(session), deadline=deadline)
+                   tools=llm.tools_param(session.agent, (session.metadata or {}).get("agentops_tools")),
+                   counters=session_counters(session), deadline=deadline)
 
     def in_time(self) -> bool:
         return time.monotonic() < self.deadline

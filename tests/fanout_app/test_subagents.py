@@ -169,3 +169,19 @@ def test_subagents_draw_on_the_parents_budget(spawner: AgentProfile, oscar: User
     assert session.model_calls == 1 + 3 + 3
     # The parent's own budget is spent by its children: its next call would cross it.
     assert turn.status == Turn.Status.FAILED and turn.error_code == "budget_exceeded"
+
+
+def test_a_subagents_tool_subset_is_what_its_model_is_offered(spawner: AgentProfile, oscar: User) -> None:
+    """The subset narrows what the model sees, not only what the gate lets through: a child told to
+    use `read_file` is offered `read_file` alone (the parent, without a subset, sees every tool)."""
+    from sessions_app.engine.model_step import Conversation
+
+    session, turn = session_start(agent=spawner, owner=oscar, input=script("say hi"))
+    assert turn is not None
+    step = wait_for(lambda: Step.objects.filter(turn=turn, kind="model").order_by("index").first(), 30,
+                    "the first model step")
+    offered = {t["function"]["name"] for t in Conversation.load(step, deadline=0).tools}
+    assert {"read_file", "run_command", "spawn_subagents"} <= offered
+    AgentSession.objects.filter(pk=session.pk).update(metadata={"agentops_tools": ["read_file"]})
+    offered = {t["function"]["name"] for t in Conversation.load(step, deadline=0).tools}
+    assert offered == {"read_file"}
