@@ -50,6 +50,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/artifacts/<uuid:artifact_id>/", session_views.artifact_download_view,
          name="artifact_download"),
     path("batches/", fanout_views.batch_list_view, name="batch_list"),
+    path("sessions/<uuid:session_id>/subagents/", fanout_views.subagent_children_view, name="subagent_children"),
     path("batches/new/", fanout_views.batch_create_view, name="batch_create"),
     path("batches/<uuid:batch_id>/", fanout_views.batch_detail_view, name="batch_detail"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),

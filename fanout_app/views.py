@@ -65,3 +65,17 @@ def batch_detail_view(request: HtmxHttpRequest, batch_id: UUID) -> HttpResponse:
     if request.htmx:
         return render(request, "fanout/_batch_progress.html", context)
     return render(request, "fanout/batch_detail.html", context)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW_SESSIONS, raise_exception=True)
+def subagent_children_view(request: AuthedRequest, session_id: UUID) -> HttpResponse:
+    """A parent's subagent cards, polled by the session page while a child is still working (its
+    status changes, e.g. to awaiting approval, are the child's events, not the parent's)."""
+    try:
+        session = session_selectors.session_get(session_id, user=request.user)
+    except NotFound as exc:
+        raise Http404("No such session") from exc
+    return render(request, "fanout/_children.html",
+                  {"children": selectors.subagent_children(session.id), "session_id": session.id})

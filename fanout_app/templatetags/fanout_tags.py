@@ -11,6 +11,12 @@ from fanout_app.selectors import subagent_children, subagent_lineage
 register = template.Library()
 
 
+@register.filter
+def subagents_active(children: list[dict[str, Any]]) -> bool:
+    """Whether a child is still working (the cards then poll for its status)."""
+    return any(c["turn_status"] not in {"completed", "failed", "cancelled"} for c in children)
+
+
 @register.inclusion_tag("fanout/_lineage.html")
 def subagent_lineage_card(session_id: Any) -> dict[str, Any]:
     return {"lineage": subagent_lineage(session_id)}

@@ -140,6 +140,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("page", "POST", "/batches/new/", {"agent": "{agent}", "rows": '["hi"]'},
      _row(302, 302, 422, 403, 403, 302, 302, 302)),
     ("page", "GET", "/batches/{batch}/", None, PAGE_READ_SAME),
+    ("page", "GET", "/sessions/{busy}/subagents/", None, PAGE_READ_SAME),
     ("page", "GET", "/approvals/", None, PAGE_LIST),
     ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),
     ("page", "POST", "/approvals/{request}/decide/", {"decision": "approve", "arguments_sha256": "{sha}"},

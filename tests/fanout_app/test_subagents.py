@@ -144,6 +144,9 @@ def test_subagent_approval_carries_lineage_and_cancel_cascades(spawner: AgentPro
     lineage = client.get(f"/api/sessions/{link.child_id}/subagents").json()
     assert lineage["parent"]["session_id"] == str(session.id)
     assert len(client.get(f"/api/sessions/{session.id}/subagents").json()["children"]) == 2
+    # The parent's cards show the child waiting for its reviewer, and keep polling while children work.
+    cards = client.get(f"/sessions/{session.id}/subagents/").content.decode()
+    assert "s-awaiting_approval" in cards and 'hx-trigger="every 3s"' in cards, cards
 
     session_cancel(session_id=session.id, actor=oscar)
     assert Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
@@ -151,6 +154,8 @@ def test_subagent_approval_carries_lineage_and_cancel_cascades(spawner: AgentPro
         assert Turn.objects.get(session_id=child_id).status == Turn.Status.CANCELLED
     approval.refresh_from_db()
     assert approval.status == "cancelled"
+    cards = client.get(f"/sessions/{session.id}/subagents/").content.decode()
+    assert "s-cancelled" in cards and "hx-trigger" not in cards, cards  # every child over: no more polling
 
 
 def test_subagents_draw_on_the_parents_budget(spawner: AgentProfile, oscar: User) -> None:
