@@ -3,9 +3,10 @@
 Every status write goes through ``_move``, the guarded transition (locked row, ``TRANSITIONS``
 checked). A decision wakes the engine after commit through ``agentops.dispatch``.
 
-Its length (~480 lines) is one concern: the request's state machine and the grants that stand in
+Its length (~520 lines) is one concern: the request's state machine and the grants that stand in
 for a decision share ``_move``, the hash binding and the four-eyes rules; split off, each half
-would import the other's private checks.
+would import the other's private checks. The reviewer's workflow around a decision (policies,
+conditions, quorum votes, claims, presence, bulk) lives in modules of its own beside this one.
 """
 
 import fnmatch

@@ -24,6 +24,10 @@ One script (~530 lines) on purpose: the bots, the chaos loop and the checks shar
 and the watchers it reuses are their own modules.
 
     python -m proof.chaos [--full]
+
+One module (~550 lines) on purpose: the schedule of kills, the bots that drive the API and the
+verdicts read the same run's records; the stack, the watchers and the API load live apart
+(``stack.py``, ``_watch.py``, ``_apiload.py``).
 """
 
 import argparse
