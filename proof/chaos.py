@@ -19,15 +19,11 @@ every turn ended; no email sent twice; no external request applied twice; no com
 every client ended with every event (each seq counted once after replay); and it counts each
 recovery path taken.
 
-One script (~530 lines) on purpose: the bots, the chaos loop and the checks share the run's state
+One script (~550 lines) on purpose: the bots, the chaos loop and the checks share the run's state
 (tokens, counters, clients) and read top to bottom as the proof's protocol; the stack, the world
 and the watchers it reuses are their own modules.
 
     python -m proof.chaos [--full]
-
-One module (~550 lines) on purpose: the schedule of kills, the bots that drive the API and the
-verdicts read the same run's records; the stack, the watchers and the API load live apart
-(``stack.py``, ``_watch.py``, ``_apiload.py``).
 """
 
 import argparse
