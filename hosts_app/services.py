@@ -83,9 +83,10 @@ def hosts_mark_offline(*, now: Any = None) -> list[str]:
     return names
 
 
-def _candidates(session: AgentSession) -> list[SandboxHost]:
-    policy = AgentHostPolicy.objects.filter(agent_id=session.agent_id).first()
-    pool = policy.pool if policy else "default"
+def _candidates(session: AgentSession, pool: str | None = None) -> list[SandboxHost]:
+    """The hosts the session may use: of its agent's pool and labels, or of ``pool`` (any labels)."""
+    policy = AgentHostPolicy.objects.filter(agent_id=session.agent_id).first() if pool is None else None
+    pool = pool if pool is not None else policy.pool if policy else "default"
     wanted = set(policy.labels if policy else [])
     hosts = (SandboxHost.objects.filter(pool=pool).exclude(status=SandboxHost.Status.REVOKED)
              .filter(Q(kind=SandboxHost.Kind.HOSTED) | Q(team_id=session.team_id))
@@ -114,6 +115,33 @@ def session_pin(*, session: AgentSession) -> SandboxHost | None:
         event_record(session_id=session.pk, type="session.pinned",
                      payload={"host": best.name, "kind": best.kind, "pool": best.pool})
     return placement.host
+
+
+@joins_transaction
+def session_pin_chosen(*, session: AgentSession, host_name: str | None = None,
+                       pool: str | None = None) -> SandboxHost:
+    """Pin a new session where its creator chose (the wire's ``self_hosted`` environment): the host
+    ``host_name`` (a hosted host, or a runner of the session's team), else the least loaded host of
+    ``pool``. 400 when no such host may take it; a session already pinned keeps its host."""
+    existing = SessionPlacement.objects.select_related("host").filter(session_id=session.pk).first()
+    if existing is not None:
+        return existing.host
+    if host_name is not None:
+        hosts = list(SandboxHost.objects.filter(name=host_name).exclude(status=SandboxHost.Status.REVOKED)
+                     .filter(Q(kind=SandboxHost.Kind.HOSTED) | Q(team_id=session.team_id)))
+    else:
+        hosts = _candidates(session, pool=pool)
+    if not hosts:
+        what = f"sandbox host {host_name!r}" if host_name is not None else f"host in pool {pool!r}"
+        raise InvalidArguments(f"No {what} can take this session's team's work",
+                               details={"field": "environment_id" if host_name is not None else "pool"})
+    online = [h for h in hosts if h.status == SandboxHost.Status.ONLINE] or hosts
+    best = min(online, key=lambda h: (getattr(h, "load", 0) / max(1, h.capacity), h.kind != SandboxHost.Kind.RUNNER,
+                                      h.name))
+    SessionPlacement.objects.create(session_id=session.pk, host=best)
+    event_record(session_id=session.pk, type="session.pinned",
+                 payload={"host": best.name, "kind": best.kind, "pool": best.pool, "chosen": True})
+    return best
 
 
 def step_host_unavailable(*, step: Step, host: SandboxHost) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.signals import got_request_exception
+from django.db import transaction
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -28,7 +29,9 @@ from agentops.http import AuthedRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm, require_perm
 from approvals_app import selectors as approval_selectors
 from approvals_app.services import approval_decide
+from fanout_app.selectors import children_by_step
 from openai_api import parse, resources_api, wire
+from openai_api import services as wire_services
 from openai_api.pages import empty_page as _empty_page
 from openai_api.pages import list_page as _list_page
 from openai_api.pages import page as _page
@@ -149,6 +152,15 @@ def _sse(stream: Any) -> StreamingHttpResponse:
 def session_create_api(request: AuthedRequest) -> Any:
     require_perm(request.user, OPERATE_SESSIONS)
     spec = parse.session_create(parse.body(request))
+    with transaction.atomic():  # an inline agent and the session it was made for: both, or neither
+        session = _session_create(request, spec)
+    if not spec.stream:
+        return _session_snapshot(selectors.session_get(session.id, user=request.user))
+    stream = wire.WireStream(snapshot=wire.session_out(selectors.session_get(session.id, user=request.user)))
+    return _sse(_wire_stream(request, session.id, 0, stream))
+
+
+def _session_create(request: AuthedRequest, spec: parse.SessionSpec) -> AgentSession:
     if spec.agent_id is not None:
         agent = selectors.agent_get_enabled(spec.agent_id, user=request.user)
         selectors.agent_get(agent.slug, user=request.user)  # a team where the user operates
@@ -160,13 +172,10 @@ def session_create_api(request: AuthedRequest) -> Any:
                                               model=spec.agent.model,
                                               instructions=spec.agent.instructions,
                                               functions=_functions(spec.agent.tools))
-    session, turn = engine.session_start(agent=agent, owner=request.user, input=spec.input,
-                                         metadata=spec.metadata,
-                                         idempotency_key=request.headers.get("Idempotency-Key", ""))
-    if not spec.stream:
-        return _session_snapshot(selectors.session_get(session.id, user=request.user))
-    stream = wire.WireStream(snapshot=wire.session_out(selectors.session_get(session.id, user=request.user)))
-    return _sse(_wire_stream(request, session.id, 0, stream))
+    session, _turn = wire_services.session_start_in(environment=spec.environment, agent=agent, owner=request.user,
+                                                    input=spec.input, metadata=spec.metadata,
+                                                    idempotency_key=request.headers.get("Idempotency-Key", ""))
+    return session
 
 
 @api.get("/agents/sessions")
@@ -175,7 +184,8 @@ def sessions_list_api(request: AuthedRequest, after: str | None = None, agent_id
     require_perm(request.user, VIEW_SESSIONS)
     limit, order = parse.list_params(limit, order)
     metadata = parse.deep_object(request, "metadata")
-    qs = selectors.sessions_list(user=request.user, agent=agent_id, metadata=metadata).prefetch_related("agent__tools")
+    qs = (selectors.sessions_list(user=request.user, agent=agent_id, metadata=metadata)
+          .select_related("placement__host").prefetch_related("agent__tools"))
     after_row = selectors.session_get(after, user=request.user) if after else None
     return _page(qs, after_row=after_row, order=order, limit=limit, fields=("created_at", "id"),
                  serialize_rows=_session_snapshots)
@@ -202,8 +212,9 @@ def session_update_api(request: AuthedRequest, session_id: str) -> dict[str, Any
     require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_to_operate(session_id, user=request.user)
     metadata = parse.session_update(parse.body(request))
-    if metadata is not None:
-        services.session_metadata_update(session_id=session.id, metadata=metadata)
+    if metadata is not None:  # agentops's own keys (environment, tool subset) are kept
+        kept = {k: v for k, v in (session.metadata or {}).items() if k in parse.RESERVED_METADATA}
+        services.session_metadata_update(session_id=session.id, metadata={**metadata, **kept})
     return _session_snapshot(selectors.session_get(session.id, user=request.user))
 
 
@@ -312,7 +323,8 @@ def turn_items_list_api(request: AuthedRequest, session_id: str, turn_id: str, a
     session = selectors.session_get(session_id, user=request.user)
     limit, order = parse.list_params(limit, order)
     turn = selectors.turn_of_session(session_id=session.id, turn_id=turn_id)
-    items = wire.turn_items(turn, selectors.turn_steps(turn.id), _client_tools())
+    items = wire.turn_items(turn, selectors.turn_steps(turn.id), _client_tools(), agent_id=session.agent.slug,
+                            children=children_by_step(session.id))
     return _list_page(items, after=after, order=order, limit=limit)
 
 
@@ -324,10 +336,11 @@ def session_items_list_api(request: AuthedRequest, session_id: str, after: str |
     limit, order = parse.list_params(limit, order)
     turns = selectors.turns_of_session(session.id)
     steps = selectors.steps_of_turns([t.id for t in turns])
-    client_tools = _client_tools()
+    client_tools, children = _client_tools(), children_by_step(session.id)
     items: list[dict[str, Any]] = []
     for turn in turns:
-        items += wire.turn_items(turn, [s for s in steps if s.turn_id == turn.id], client_tools)
+        items += wire.turn_items(turn, [s for s in steps if s.turn_id == turn.id], client_tools,
+                                 agent_id=session.agent.slug, children=children)
     return _list_page(items, after=after, order=order, limit=limit)
 
 

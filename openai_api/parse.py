@@ -210,6 +210,21 @@ def _input_text(value: Any, param: str) -> str:
     return "\n".join(texts)
 
 
+WORKSPACE = "/workspace"
+# Session metadata keys agentops keeps for itself (the wire neither shows nor takes them).
+RESERVED_METADATA = ("agentops_environment", "agentops_tools")
+
+
+@dataclass
+class EnvironmentSpec:
+    """``none``: no sandbox. ``self_hosted``: agentops's sandbox hosts: the host ``environment_id``
+    (an environment of ``environments.list``: a hosted host or your team's runner), the pool
+    ``agentops_pool``, or neither (the agent's host pool, as any agentops session)."""
+    type: str
+    environment_id: str | None = None
+    pool: str | None = None
+
+
 @dataclass
 class SessionSpec:
     agent_id: str | None
@@ -217,26 +232,51 @@ class SessionSpec:
     input: str
     metadata: dict[str, str] | None
     stream: bool
+    environment: EnvironmentSpec = field(default_factory=lambda: EnvironmentSpec("none"))
 
 
-def _environment(value: Any) -> None:
+def _environment(value: Any) -> EnvironmentSpec:
     if not isinstance(value, dict):
         raise WireError("Missing required parameter: environment.", code="missing_required_parameter",
                         param="environment")
     kind = value.get("type")
     if kind == "none":
-        return
-    if kind in ("openai_hosted", "self_hosted"):
-        raise unsupported("environment.type", f"{kind} session environments: agentops places a session on its "
-                                              "sandbox hosts by the agent's host pool (a self_hosted environment "
-                                              "created here is a runner in such a pool); use {\"type\": \"none\"}")
-    raise WireError(f"Unknown environment type {kind!r}.", param="environment.type")
+        _known(value, {"type"}, "environment.")
+        return EnvironmentSpec("none")
+    if kind == "openai_hosted":
+        raise unsupported("environment.type", "openai_hosted session environments (hosted containers): use "
+                                              "{\"type\": \"self_hosted\"} (agentops's sandbox hosts and your "
+                                              "runners) or {\"type\": \"none\"} (no sandbox)")
+    if kind != "self_hosted":
+        raise WireError(f"Unknown environment type {kind!r}.", param="environment.type")
+    _known(value, {"type", "workspace_directory", "capability_directories", "environment_id", "agentops_pool"},
+           "environment.")
+    if value.get("capability_directories"):
+        raise unsupported("environment.capability_directories", "capability directories")
+    directory = _str(value, "workspace_directory", where="environment.")
+    if directory is not None and directory.rstrip("/") != WORKSPACE:
+        raise unsupported("environment.workspace_directory", f"a workspace other than {WORKSPACE}: agentops's "
+                                                             f"sandbox mounts every session's workspace there")
+    host, pool = _str(value, "environment_id", where="environment."), _str(value, "agentops_pool", where="environment.")
+    if host is not None and pool is not None:
+        raise WireError("Give environment.environment_id (one host) or environment.agentops_pool, not both.",
+                        param="environment.agentops_pool")
+    return EnvironmentSpec("self_hosted", environment_id=host, pool=pool)
+
+
+def session_metadata(value: Any) -> dict[str, str] | None:
+    meta = metadata(value)
+    reserved = sorted(set(meta or {}) & set(RESERVED_METADATA))
+    if reserved:
+        raise WireError(f"metadata.{reserved[0]} is agentops's own key.", code="invalid_value",
+                        param=f"metadata.{reserved[0]}")
+    return meta
 
 
 def session_create(data: dict[str, Any]) -> SessionSpec:
     _known(data, {"environment", "agent_id", "agent", "input", "metadata", "prompt_cache_options", "review",
                   "stream", "stream_options", "vault_ids"})
-    _environment(data.get("environment"))
+    environment = _environment(data.get("environment"))
     if data.get("vault_ids"):
         raise unsupported("vault_ids", "vaults")
     if data.get("review") not in (None, "none"):
@@ -259,10 +299,11 @@ def session_create(data: dict[str, Any]) -> SessionSpec:
         raise WireError("Give agent_id, or agent with a model.", code="missing_required_parameter", param="agent_id")
     stream = bool(data.get("stream"))
     text = _input_text(data["input"], "input") if data.get("input") is not None else ""
-    if stream and not text.strip():
-        raise WireError("input is required when stream is true.", code="missing_required_parameter", param="input")
-    return SessionSpec(agent_id=agent_id, agent=agent, input=text, metadata=metadata(data.get("metadata")),
-                       stream=stream)
+    if stream and not text.strip() and environment.type != "self_hosted":
+        raise WireError("input is required when stream is true (except in a self_hosted environment).",
+                        code="missing_required_parameter", param="input")
+    return SessionSpec(agent_id=agent_id, agent=agent, input=text, metadata=session_metadata(data.get("metadata")),
+                       stream=stream, environment=environment)
 
 
 def session_update(data: dict[str, Any]) -> dict[str, str] | None:
@@ -276,7 +317,7 @@ def session_update(data: dict[str, Any]) -> dict[str, str] | None:
         raise unsupported("prompt_cache_options", "prompt cache options")
     if "metadata" not in data:
         return None
-    return metadata(data["metadata"]) or {}
+    return session_metadata(data["metadata"]) or {}
 
 
 @dataclass

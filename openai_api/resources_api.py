@@ -15,7 +15,7 @@ from agentops.domain import NotFound
 from agentops.http import AuthedRequest
 from agentops.models import Team
 from agentops.permissions import VIEW_SESSIONS, require_perm
-from fanout_app.selectors import subagent_descendants
+from fanout_app.selectors import children_by_step, subagent_descendants
 from hosts_app import runners
 from hosts_app import selectors as host_selectors
 from openai_api import parse, parse_resources, wire
@@ -86,8 +86,8 @@ def register_subagents(api: NinjaAPI, client_tools: Callable[[], frozenset[str]]
         child = _child(request, subagent)
         limit, order = parse.list_params(limit, order)
         turn = selectors.turn_of_session(session_id=child.id, turn_id=turn_id)
-        return list_page(wire.turn_items(turn, selectors.turn_steps(turn.id), client_tools()), after=after,
-                         order=order, limit=limit)
+        return list_page(wire.turn_items(turn, selectors.turn_steps(turn.id), client_tools(), agent_id=str(child.id),
+                                         children=children_by_step(child.id)), after=after, order=order, limit=limit)
 
     @api.get("/agents/sessions/{session_id}/subagents/{subagent_id}/items")
     def subagent_items_api(request: AuthedRequest, session_id: str, subagent_id: str, after: str | None = None,
@@ -97,10 +97,11 @@ def register_subagents(api: NinjaAPI, client_tools: Callable[[], frozenset[str]]
         limit, order = parse.list_params(limit, order)
         turns = selectors.turns_of_session(child.id)
         steps = selectors.steps_of_turns([t.id for t in turns])
-        tools = client_tools()
+        tools, children = client_tools(), children_by_step(child.id)
         items: list[dict[str, Any]] = []
-        for turn in turns:
-            items += wire.turn_items(turn, [s for s in steps if s.turn_id == turn.id], tools)
+        for turn in turns:  # a subagent's own calls: its wire agent id is its subagent id
+            items += wire.turn_items(turn, [s for s in steps if s.turn_id == turn.id], tools, agent_id=str(child.id),
+                                     children=children)
         return list_page(items, after=after, order=order, limit=limit)
 
 

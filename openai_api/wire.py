@@ -27,11 +27,14 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
+
 from approvals_app.models import ApprovalRequest
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Step, Turn
 from tools_app.models import ToolDefinition
 
 SERVER_LABEL = "agentops"
+SPAWN_TOOL = "spawn_subagents"  # fanout_app's tool: its calls are the wire's subagent items
 
 SESSION_STATUS = {
     AgentSession.Status.IDLE: "idle",
@@ -129,15 +132,39 @@ def required_actions(waiting_steps: Iterable[Step], approvals: Iterable[Approval
     return actions
 
 
+RESERVED_METADATA = ("agentops_environment", "agentops_tools")
+WORKSPACE = "/workspace"
+
+
+def session_metadata_out(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The integration's own pairs: agentops's keys (environment, tool subset) stay agentops's."""
+    return {k: v for k, v in (metadata or {}).items() if k not in RESERVED_METADATA}
+
+
+def environment_out(session: AgentSession) -> dict[str, Any]:
+    """``none`` (no sandbox) when the session was started so; else ``self_hosted``: its workspace is
+    on agentops's sandbox hosts, ``id`` the host it is pinned to (null until its first tick pins it,
+    or on one machine). Reads ``session.placement`` (select it with the session in lists)."""
+    if ((session.metadata or {}).get("agentops_environment") or {}).get("type") == "none":
+        return {"type": "none"}
+    try:
+        host = session.placement.host.name
+    except ObjectDoesNotExist:
+        host = None
+    return {"type": "self_hosted", "id": host, "workspace_directory": WORKSPACE, "capability_directories": [],
+            "remote_url": None}
+
+
 def session_out(session: AgentSession, *, actions: list[dict[str, Any]] | None = None,
                 error: str | None = None) -> dict[str, Any]:
     status = SESSION_STATUS[AgentSession.Status(session.status)]
     return {
         "id": str(session.id), "object": "agent.session", "created_at": ts(session.created_at),
         "last_active_at": ts(session.last_event_at or session.updated_at), "agent": _agent_config(session.agent),
-        "environment": {"type": "none"}, "status": status,
+        "environment": environment_out(session), "status": status,
         "required_actions": (actions or []) if status == "requires_action" else [],
-        "error": error if status == "failed" else None, "metadata": session.metadata or {}, "vault_ids": [],
+        "error": error if status == "failed" else None, "metadata": session_metadata_out(session.metadata),
+        "vault_ids": [],
         "usage": usage_out(session.prompt_tokens, session.completion_tokens), "review": "none",
     }
 
@@ -197,8 +224,61 @@ def mcp_call_item(step_id: Any, turn_id: Any, name: str, arguments: Any, *, stat
             "status": status}
 
 
-def step_items(step: Step, client_tools: frozenset[str]) -> list[tuple[int | None, dict[str, Any]]]:
-    """A step's items with their output index."""
+def _task_text(arguments: Any, index: int) -> str:
+    tasks = arguments.get("tasks") if isinstance(arguments, dict) else None
+    task = tasks[index] if isinstance(tasks, list) and 0 <= index < len(tasks) else {}
+    return str((task or {}).get("instructions") or "") if isinstance(task, dict) else ""
+
+
+def create_subagent_call_item(step_id: Any, turn_id: Any, index: int, *, agent_id: str, task: str,
+                              subagent_id: str) -> dict[str, Any]:
+    """One child session a ``spawn_subagents`` call started (``agentops_subagent_id``: the child,
+    the id of ``sessions.subagents``)."""
+    return {"type": "create_subagent_call", "id": f"csc_{hexid(step_id)}_{index}", "turn_id": str(turn_id),
+            "agent_id": agent_id, "content": [{"type": "output_text", "text": task, "annotations": []}],
+            "model": None, "reasoning_effort": None, "status": "completed", "agentops_subagent_id": subagent_id}
+
+
+def wait_for_subagents_call_item(step_id: Any, turn_id: Any, *, agent_id: str, subagent_ids: list[str],
+                                 status: str) -> dict[str, Any]:
+    return {"type": "wait_for_subagents_call", "id": f"wsc_{hexid(step_id)}", "turn_id": str(turn_id),
+            "sender_agent_id": agent_id, "recipient_agent_ids": subagent_ids, "status": status}
+
+
+def agent_message_item(step_id: Any, turn_id: Any, index: int, *, subagent_id: str, agent_id: str,
+                       text: str) -> dict[str, Any]:
+    """A child's answer, as it reached its parent."""
+    return {"type": "agent_message", "id": f"amsg_{hexid(step_id)}_{index}", "turn_id": str(turn_id),
+            "sender_agent_id": subagent_id, "recipient_agent_id": agent_id,
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def spawn_items(step: Step, *, agent_id: str, children: list[dict[str, Any]] | None,
+                status: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """A ``spawn_subagents`` step as the wire's multi-agent items: one ``create_subagent_call`` per
+    child, a ``wait_for_subagents_call`` for them all, and each child's answer as an
+    ``agent_message`` once the step has collected them (``status``: the wait's status)."""
+    result = step.result if isinstance(step.result, dict) else {}
+    answered = [c for c in result.get("subagents") or [] if isinstance(c, dict)]
+    kids = answered or children or []
+    ids = [str(c.get("session_id", "")) for c in kids]
+    items: list[tuple[int | None, dict[str, Any]]] = [
+        (step.index, create_subagent_call_item(step.id, step.turn_id, int(c.get("index", i)), agent_id=agent_id,
+                                               task=_task_text(step.arguments, int(c.get("index", i))),
+                                               subagent_id=ids[i]))
+        for i, c in enumerate(kids)]
+    items.append((step.index, wait_for_subagents_call_item(step.id, step.turn_id, agent_id=agent_id,
+                                                           subagent_ids=ids, status=status)))
+    items += [(None, agent_message_item(step.id, step.turn_id, int(c.get("index", i)), subagent_id=ids[i],
+                                        agent_id=agent_id, text=str(c.get("answer") or "")))
+              for i, c in enumerate(answered)]
+    return items
+
+
+def step_items(step: Step, client_tools: frozenset[str], *, agent_id: str = "",
+               children: list[dict[str, Any]] | None = None) -> list[tuple[int | None, dict[str, Any]]]:
+    """A step's items with their output index (``agent_id``: the wire id of the agent whose step it
+    is; ``children``: a ``spawn_subagents`` step's child sessions, while its result lacks them)."""
     if step.kind == Step.Kind.MODEL:
         text = str((step.message or {}).get("content") or "")
         if not text:
@@ -215,15 +295,21 @@ def step_items(step: Step, client_tools: frozenset[str]) -> list[tuple[int | Non
         return items
     if step.status == Step.Status.PLANNED:
         return []
+    result = step.result if isinstance(step.result, dict) else {}
+    if step.tool_name == SPAWN_TOOL and (children or result.get("subagents")):
+        return spawn_items(step, agent_id=agent_id, children=children, status=settled or "in_progress")
     return [(step.index, mcp_call_item(step.id, step.turn_id, step.tool_name, step.arguments,
                                        status=settled or "in_progress", result=step.result))]
 
 
-def turn_items(turn: Turn, steps: Iterable[Step], client_tools: frozenset[str]) -> list[dict[str, Any]]:
-    """Every item of a turn, in order: the input, then what each step produced."""
+def turn_items(turn: Turn, steps: Iterable[Step], client_tools: frozenset[str], *, agent_id: str = "",
+               children: dict[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    """Every item of a turn, in order: the input, then what each step produced (``children``: the
+    child sessions of the turn's ``spawn_subagents`` steps, by step id)."""
     items = [user_message_item(turn.id, turn.input)]
     for step in steps:
-        items += [item for _, item in step_items(step, client_tools)]
+        items += [item for _, item in step_items(step, client_tools, agent_id=agent_id,
+                                                 children=(children or {}).get(str(step.id)))]
     return items
 
 
@@ -263,6 +349,8 @@ class WireStream:
         self.announced: set[str] = set()  # model steps whose message item was added
         self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
         self.opened: dict[str, int | None] = {}  # child session id → when its subagent.created was seen
+        self.spawns: dict[str, list[dict[str, Any]]] = {}  # spawn step id → the children it started
+        self.spawn_arguments: dict[str, Any] = {}  # spawn step id → its call's arguments (the tasks)
 
     @staticmethod
     def _key(action: dict[str, Any]) -> str:
@@ -363,6 +451,9 @@ class WireStream:
                 item = function_call_item(step_id, turn_id, call_id, tool, arguments)
                 return [{"type": "agent.session.turn.item.added", **base, "output_index": index, "item": item},
                         {"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item}]
+            if tool == SPAWN_TOOL:  # its items come with the children it starts (subagents.spawned)
+                self.spawn_arguments[step_id] = arguments
+                return []
             return [{"type": "agent.session.turn.item.added", **base, "output_index": index,
                      "item": mcp_call_item(step_id, turn_id, tool, arguments or {}, status="in_progress")}]
         if kind in ("tool.completed", "tool.failed", "tool.rejected", "tool.expired", "tool.cancelled") and step_id:
@@ -375,9 +466,16 @@ class WireStream:
                 return [{"type": "agent.session.turn.item.added", **base,
                          "item": function_call_output_item(step_id, turn_id, call_id, result, status)}]
             index = payload.get("index", 0)
-            return [{"type": "agent.session.turn.item.done", **base, "output_index": index,
-                     "item": mcp_call_item(step_id, turn_id, str(payload.get("tool", "")), payload.get("arguments")
-                                           or {}, status=status, result=result)}]
+            tool = str(payload.get("tool", ""))
+            answered = result.get("subagents") if isinstance(result, dict) else None
+            if tool == SPAWN_TOOL and (step_id in self.spawns or answered):
+                return self._spawn_settled(event, base, status)
+            done = {"type": "agent.session.turn.item.done", **base, "output_index": index,
+                    "item": mcp_call_item(step_id, turn_id, tool, payload.get("arguments") or {}, status=status,
+                                          result=result)}
+            if tool == SPAWN_TOOL:  # refused before it started a child: announced only now
+                return [{**done, "type": "agent.session.turn.item.added"}, done]
+            return [done]
         if kind == "tool.output_submitted":
             self.actions.pop(str(payload.get("call_id", "")), None)
             return []
@@ -392,11 +490,40 @@ class WireStream:
             self.actions.pop(str(payload.get("request_id", "")), None)
             return []
         if kind == "subagents.spawned":  # this session's own children (nested ones: in their parent's stream)
-            return [{"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)}
-                    for child in payload.get("children") or []]
+            children = [c for c in payload.get("children") or [] if isinstance(c, dict)]
+            self.spawns[str(step_id)] = children
+            out = [{"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)}
+                   for child in children]
+            index = int(payload.get("index", 0))
+            for _, item in spawn_items(self._spawn_step(event), agent_id=self.snapshot["agent"]["id"],
+                                       children=children, status="in_progress"):
+                out.append({"type": "agent.session.turn.item.added", **base, "output_index": index, "item": item})
+                if item["type"] == "create_subagent_call":
+                    out.append({"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item})
+            return out
         if kind == "subagent.finished":
             return [{"type": "agent.session.subagent.closed", "subagent": self._subagent(payload, at, at)}]
         return []
+
+    def _spawn_step(self, event: dict[str, Any]) -> Step:
+        """The spawn step as its events show it (unsaved: only what ``spawn_items`` reads)."""
+        payload = event.get("payload") or {}
+        arguments = payload.get("arguments") or self.spawn_arguments.get(str(event["step_id"])) or {}
+        return Step(id=event["step_id"], turn_id=event["turn_id"], index=int(payload.get("index", 0)),
+                    tool_name=SPAWN_TOOL, arguments=arguments, result=payload.get("result"))
+
+    def _spawn_settled(self, event: dict[str, Any], base: dict[str, Any], status: str) -> list[dict[str, Any]]:
+        """The children's answers (``agent_message``), then the wait's ``item.done``."""
+        index = int((event.get("payload") or {}).get("index", 0))
+        items = spawn_items(self._spawn_step(event), agent_id=self.snapshot["agent"]["id"],
+                            children=self.spawns.pop(str(event["step_id"]), None), status=status)
+        out = []
+        for _, item in items:
+            if item["type"] == "agent_message":
+                out.append({"type": "agent.session.turn.item.added", **base, "item": item})
+        wait = next(item for _, item in items if item["type"] == "wait_for_subagents_call")
+        out.append({"type": "agent.session.turn.item.done", **base, "output_index": index, "item": wait})
+        return out
 
     def _subagent(self, child: dict[str, Any], at: int | None, closed_at: int | None) -> dict[str, Any]:
         """A child session as ``openai_api.wire_resources.subagent_out`` shows it, from its event."""

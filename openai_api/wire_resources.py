@@ -35,7 +35,9 @@ def subagent_out(child: dict[str, Any], *, session_id: str) -> dict[str, Any]:
     task = child.get("task") or {}
     text = str(task.get("instructions") or task.get("input") or "")
     return {"id": child["session_id"], "object": "agent.session.subagent", "session_id": session_id,
-            "parent_agent_id": child["parent_agent_slug"], "name": child["title"] or child["agent_path"],
+            # A root's child answers to the root agent (its slug); a grandchild to its parent subagent.
+            "parent_agent_id": child["parent_agent_slug"] if child["depth"] <= 1 else child["parent_session_id"],
+            "name": child["title"] or child["agent_path"],
             "instructions": [{"type": "input_text", "text": text}] if text else None,
             "status": "closed" if closed else "active", "opened_at": ts(child["created_at"]),
             "closed_at": ts(child["updated_at"]) if closed else None,

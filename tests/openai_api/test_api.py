@@ -99,7 +99,10 @@ def test_agent_features_agentops_lacks_are_refused_at_creation(wire_client: Clie
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"environment": {"type": "openai_hosted"}}, "environment.type"),
-    ({"environment": {"type": "self_hosted", "workspace_directory": "/w"}}, "environment.type"),
+    ({"environment": {"type": "self_hosted", "workspace_directory": "/w"}}, "environment.workspace_directory"),
+    ({"environment": {"type": "self_hosted", "capability_directories": ["/c"]}}, "environment.capability_directories"),
+    ({"environment": {"type": "self_hosted", "environment_id": "nowhere"}}, "environment.environment_id"),
+    ({"environment": {"type": "none"}, "metadata": {"agentops_tools": "x"}}, "metadata.agentops_tools"),
     ({"environment": {"type": "none"}, "vault_ids": ["vault_1"]}, "vault_ids"),
     ({"environment": {"type": "none"}, "review": "auto_review"}, "review"),
     ({}, "environment"),
@@ -133,7 +136,10 @@ def test_a_session_created_on_the_wire_is_an_agentops_session(wire_client: Clien
                                                       "input": "hello", "metadata": {"k": "v"}})
     body = created.json()
     session = AgentSession.objects.get(pk=body["id"])
-    assert session.owner == operator and session.metadata == {"k": "v"} and session.agent.slug == agent["id"]
+    assert session.owner == operator and session.agent.slug == agent["id"]
+    # The environment and the tools it allows are agentops's own keys: shown by agentops, not on the wire.
+    assert session.metadata == {"k": "v", "agentops_environment": {"type": "none"}, "agentops_tools": ["get_weather"]}
+    assert body["metadata"] == {"k": "v"}
     assert body["object"] == "agent.session" and body["status"] == "in_progress"
     assert body["agent"]["id"] == agent["id"] and body["environment"] == {"type": "none"}
     turn = Turn.objects.get(session=session)
@@ -239,7 +245,7 @@ def test_approvals_answered_on_the_wire_follow_agentops_rules(wire_client: Clien
                                                               reviewer: User) -> None:
     tool_definitions_seed()
     agent = _agent(wire_client, tools=[WEATHER, {"type": "function", "name": "write_file"}])
-    session = _post(wire_client, "/agents/sessions", {"environment": {"type": "none"}, "agent_id": agent["id"],
+    session = _post(wire_client, "/agents/sessions", {"environment": {"type": "self_hosted"}, "agent_id": agent["id"],
                                                       "input": "write"}).json()
     turn = Turn.objects.get(session_id=session["id"])
     step = Step.objects.create(session_id=session["id"], turn=turn, index=1, kind=Step.Kind.TOOL,
