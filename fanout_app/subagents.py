@@ -209,7 +209,8 @@ def subagents_spawn(*, step: Step, session: AgentSession) -> str:
                     task={"instructions": task["instructions"], "input": task["input"], "agent": task["agent"].slug,
                           "tools": task["tools"], "files": task["files"]})
                 children.append({"index": i, "session_id": str(child.id), "title": child.title,
-                                 "agent": task["agent"].slug, "agent_path": link.agent_path, "status": turn.status})
+                                 "agent": task["agent"].slug, "agent_path": link.agent_path, "status": turn.status,
+                                 "instructions": task["instructions"]})  # the wire's create_subagent_call
                 dispatch.turn_start_enqueue(turn.id)
     except TaskError as exc:
         return _fail(step, str(exc))

@@ -230,6 +230,20 @@ def _task_text(arguments: Any, index: int) -> str:
     return str((task or {}).get("instructions") or "") if isinstance(task, dict) else ""
 
 
+def _answers(result: Any) -> list[dict[str, Any]]:
+    """The children's answers a collected spawn step holds (its live event carries them in ``output``,
+    the JSON the parent's model read; when that was cut for the live view, the history has them)."""
+    if not isinstance(result, dict):
+        return []
+    answers = result.get("subagents")
+    if answers is None and isinstance(result.get("output"), str):
+        try:
+            answers = json.loads(result["output"]).get("subagents")
+        except (ValueError, AttributeError):
+            answers = None
+    return [c for c in answers or [] if isinstance(c, dict)]
+
+
 def create_subagent_call_item(step_id: Any, turn_id: Any, index: int, *, agent_id: str, task: str,
                               subagent_id: str) -> dict[str, Any]:
     """One child session a ``spawn_subagents`` call started (``agentops_subagent_id``: the child,
@@ -258,13 +272,13 @@ def spawn_items(step: Step, *, agent_id: str, children: list[dict[str, Any]] | N
     """A ``spawn_subagents`` step as the wire's multi-agent items: one ``create_subagent_call`` per
     child, a ``wait_for_subagents_call`` for them all, and each child's answer as an
     ``agent_message`` once the step has collected them (``status``: the wait's status)."""
-    result = step.result if isinstance(step.result, dict) else {}
-    answered = [c for c in result.get("subagents") or [] if isinstance(c, dict)]
+    answered = _answers(step.result)
     kids = answered or children or []
     ids = [str(c.get("session_id", "")) for c in kids]
     items: list[tuple[int | None, dict[str, Any]]] = [
         (step.index, create_subagent_call_item(step.id, step.turn_id, int(c.get("index", i)), agent_id=agent_id,
-                                               task=_task_text(step.arguments, int(c.get("index", i))),
+                                               task=str(c.get("instructions") or "")
+                                               or _task_text(step.arguments, int(c.get("index", i))),
                                                subagent_id=ids[i]))
         for i, c in enumerate(kids)]
     items.append((step.index, wait_for_subagents_call_item(step.id, step.turn_id, agent_id=agent_id,
@@ -295,8 +309,7 @@ def step_items(step: Step, client_tools: frozenset[str], *, agent_id: str = "",
         return items
     if step.status == Step.Status.PLANNED:
         return []
-    result = step.result if isinstance(step.result, dict) else {}
-    if step.tool_name == SPAWN_TOOL and (children or result.get("subagents")):
+    if step.tool_name == SPAWN_TOOL and (children or _answers(step.result)):
         return spawn_items(step, agent_id=agent_id, children=children, status=settled or "in_progress")
     return [(step.index, mcp_call_item(step.id, step.turn_id, step.tool_name, step.arguments,
                                        status=settled or "in_progress", result=step.result))]
@@ -467,8 +480,7 @@ class WireStream:
                          "item": function_call_output_item(step_id, turn_id, call_id, result, status)}]
             index = payload.get("index", 0)
             tool = str(payload.get("tool", ""))
-            answered = result.get("subagents") if isinstance(result, dict) else None
-            if tool == SPAWN_TOOL and (step_id in self.spawns or answered):
+            if tool == SPAWN_TOOL and (step_id in self.spawns or _answers(result)):
                 return self._spawn_settled(event, base, status)
             done = {"type": "agent.session.turn.item.done", **base, "output_index": index,
                     "item": mcp_call_item(step_id, turn_id, tool, payload.get("arguments") or {}, status=status,

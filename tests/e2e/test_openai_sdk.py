@@ -35,6 +35,7 @@ def get_weather(city: str) -> str:
     return f"sunny in {city}"
 
 
+SELF_HOSTED: Any = {"type": "self_hosted", "workspace_directory": "/workspace"}
 WRITE_FILE = {"type": "function", "name": "write_file", "description": "agentops's built-in",
               "parameters": {"type": "object", "properties": {}}}
 
@@ -96,8 +97,8 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
                 assert reply.status_code == 200, reply.text
                 decided.append(action.request_id)
 
-    stream = sdk.beta.agents.sessions.create(
-        environment={"type": "none"}, agent_id=agent.id, metadata={"case": "conformance"}, stream=True,
+    stream = sdk.beta.agents.sessions.create(  # write_file needs a workspace: agentops's sandbox hosts
+        environment=SELF_HOSTED, agent_id=agent.id, metadata={"case": "conformance"}, stream=True,
         input=script(tool("get_weather", city="Paris"),
                      tool("write_file", path="outputs/report.txt", content=REPORT),
                      "say Done: {results}"),
@@ -128,7 +129,9 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     # The same session through agentops's own API and database: one source of truth.
     own = httpx.get(f"{stack.url}/api/sessions/{session_id}",
                     headers={"Authorization": f"Bearer {api_token(world.operator)}"}).json()
-    assert own["status"] == "idle" and own["metadata"] == {"case": "conformance"}
+    assert own["status"] == "idle" and own["metadata"]["case"] == "conformance"
+    assert own["metadata"]["agentops_environment"]["type"] == "self_hosted"
+    assert sdk.beta.agents.sessions.retrieve(session_id).environment.type == "self_hosted"
     turn = Turn.objects.get(pk=result.turn_id)
     assert turn.status == Turn.Status.COMPLETED and turn.output_text == result.output_text
     dashboard = login(world.operator).get(f"/sessions/{session_id}/")  # the session on the dashboard
@@ -231,7 +234,7 @@ def test_the_sdk_runs_a_session_with_client_tools_and_a_reviewed_builtin(sdk: Op
     assert [s.id for s in listed] == [session_id]
     updated = sdk.beta.agents.sessions.update(session_id, metadata={"case": "done"})
     assert updated.metadata == {"case": "done"}
-    assert AgentSession.objects.get(pk=session_id).metadata == {"case": "done"}
+    assert AgentSession.objects.get(pk=session_id).metadata["case"] == "done"
     assert sdk.beta.agents.sessions.delete(session_id).deleted
     assert not AgentSession.objects.filter(pk=session_id).exists()
     reviewer_api.close()
@@ -263,6 +266,10 @@ def test_every_error_class_reaches_the_sdk_as_its_exception(sdk: OpenAI, world: 
         strict.beta.agents.create(model="scripted", multi_agent={"enabled": True})
     with pytest.raises(openai.BadRequestError):
         strict.beta.agents.vaults.create(name="secrets")
+    writer = strict.beta.agents.create(model="scripted", tools=[WRITE_FILE])
+    with pytest.raises(openai.BadRequestError) as no_sandbox:  # none: no workspace for write_file
+        strict.beta.agents.sessions.create(environment={"type": "none"}, agent_id=writer.id, input="hi")
+    assert no_sandbox.value.body["param"] == "environment.type"  # type: ignore[index]
 
     with pytest.raises(openai.AuthenticationError):
         _client(stack, "not-a-token", max_retries=0).beta.agents.list()

@@ -3,6 +3,8 @@
 environments endpoints against agentops's child sessions, secrets vault and sandbox hosts (live
 daphne, a Celery worker, the model gateway, the scripted model)."""
 
+import uuid
+
 import httpx
 import openai
 import pytest
@@ -28,12 +30,22 @@ def test_a_subagent_is_visible_through_the_subagents_endpoints(sdk: OpenAI, worl
     """A spawn_subagents call starts a child session; the SDK lists and reads it as a subagent
     (its turns and items too), and agentops's own API shows the same child."""
     world.agent.tools.add(spawn_tool_seed())
-    tasks = [{"instructions": "Check seat 12A.", "input": "say seat 12A is free"}]
+    nested = [{"instructions": "Check seat 12B.", "input": "say seat 12B is free"}]
+    tasks = [{"instructions": "Check seat 12A.",
+              "input": script(tool("spawn_subagents", tasks=nested), "say seat 12A is free")}]
     stream = sdk.beta.agents.sessions.create(
-        environment={"type": "none"}, agent_id=world.agent.slug, stream=True,
-        input=script(tool("spawn_subagents", tasks=tasks), "say children done"))
+        environment={"type": "self_hosted", "workspace_directory": "/workspace"}, agent_id=world.agent.slug,
+        stream=True, input=script(tool("spawn_subagents", tasks=tasks), "say children done"))
     events = _until_idle(stream)
     assert events[-1].type == "agent.session.idle"
+    # The call is the wire's multi-agent items: the child created, waited for, its answer back.
+    items = [e.item for e in events if e.type in ("agent.session.turn.item.added", "agent.session.turn.item.done")]
+    created = [i for i in items if i.type == "create_subagent_call"]
+    assert created and created[0].agent_id == world.agent.slug and created[0].content[0].text == "Check seat 12A."
+    waits = [i for i in items if i.type == "wait_for_subagents_call"]
+    assert [w.status for w in waits] == ["in_progress", "completed"]
+    answers = [i for i in items if i.type == "agent_message"]
+    assert len(answers) == 1 and "seat 12A is free" in answers[0].content[0].text
     opened = [e.subagent for e in events if e.type == "agent.session.subagent.created"]
     closed = [e.subagent for e in events if e.type == "agent.session.subagent.closed"]
     assert [(s.status, s.parent_agent_id) for s in opened] == [("active", world.agent.slug)]
@@ -41,8 +53,25 @@ def test_a_subagent_is_visible_through_the_subagents_endpoints(sdk: OpenAI, worl
     session_id = events[0].session.id
     child_id = str(SubagentLink.objects.get(parent_id=session_id).child_id)
 
-    subagents = list(sdk.beta.agents.sessions.subagents.list(session_id))
-    assert [s.id for s in subagents] == [child_id]
+    assert waits[0].recipient_agent_ids == [child_id]
+    grandchild_id = str(SubagentLink.objects.get(parent_id=uuid.UUID(child_id)).child_id)
+
+    subagents = list(sdk.beta.agents.sessions.subagents.list(session_id, order="asc"))
+    assert [s.id for s in subagents] == [child_id, grandchild_id]
+    # The grandchild, through the root's endpoints: its parent is the child; its turn and items are there.
+    grand = sdk.beta.agents.sessions.subagents.retrieve(grandchild_id, session_id=session_id)
+    assert grand.parent_agent_id == child_id and grand.status == "closed"
+    grand_turns = list(sdk.beta.agents.sessions.subagents.turns.list(grandchild_id, session_id=session_id))
+    assert [(t.status, t.subagent_id) for t in grand_turns] == [("completed", grandchild_id)]
+    grand_items = list(sdk.beta.agents.sessions.subagents.items.list(grandchild_id, session_id=session_id,
+                                                                     order="asc"))
+    assert grand_items[-1].content[0].text == "seat 12B is free"
+    child_calls = [i.type for i in sdk.beta.agents.sessions.subagents.items.list(child_id, session_id=session_id)]
+    assert "create_subagent_call" in child_calls and "agent_message" in child_calls
+    root_turn = next(e.turn_id for e in events if e.type == "agent.session.turn.created")
+    parent_items = list(sdk.beta.agents.sessions.turns.items.list(root_turn, session_id=session_id, order="asc"))
+    assert [i.type for i in parent_items if i.type != "message"] == [
+        "create_subagent_call", "wait_for_subagents_call", "agent_message"]
     sub = subagents[0]
     assert sub.object == "agent.session.subagent" and sub.session_id == session_id
     assert sub.parent_agent_id == world.agent.slug and sub.status == "closed" and sub.closed_at is not None

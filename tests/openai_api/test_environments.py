@@ -182,7 +182,8 @@ def test_a_spawn_streams_as_subagent_items_and_events() -> None:
                                   "status": "in_progress", "required_actions": [], "error": None})
     step, turn, at = "5a0f0000-0000-0000-0000-000000000001", "5a0f0000-0000-0000-0000-000000000002", \
         "2026-12-01T00:00:00+00:00"
-    kids = [{"index": 0, "session_id": "c0", "title": "t0"}, {"index": 1, "session_id": "c1", "title": "t1"}]
+    kids = [{"index": 0, "session_id": "c0", "title": "t0", "instructions": "A."},
+            {"index": 1, "session_id": "c1", "title": "t1", "instructions": "B."}]
     tasks = {"tasks": [{"instructions": "A."}, {"instructions": "B."}]}
     answers = [{"index": 0, "session_id": "c0", "answer": "a"}, {"index": 1, "session_id": "c1", "answer": "b"}]
     out = []
@@ -190,7 +191,10 @@ def test_a_spawn_streams_as_subagent_items_and_events() -> None:
             ("tool.started", {"index": 2, "tool": "spawn_subagents", "arguments": tasks}),
             ("subagents.spawned", {"index": 2, "tool": "spawn_subagents", "children": kids}),
             ("subagent.finished", {"index": 0, "session_id": "c0", "status": "completed"}),
-            ("tool.completed", {"index": 2, "tool": "spawn_subagents", "result": {"subagents": answers}})], 1):
+            # As the live event carries it: the answers in the output the parent's model read.
+            ("tool.completed", {"index": 2, "tool": "spawn_subagents",
+                                "result": {"status": "completed", "output": json.dumps({"subagents": answers})}})],
+            1):
         out += stream.translate({"seq": seq, "type": kind, "session_id": "s1", "turn_id": turn, "step_id": step,
                                  "payload": payload, "created_at": at})
     shape = [(e["type"], e.get("item", {}).get("type")) for e in out]
