@@ -46,7 +46,7 @@ def test_each_endpoint_is_a_route_that_answers_in_the_envelope(wire_client: Clie
     url = "/openai/v1" + re.sub(r"\{(\w+)\}", lambda m: sid if m.group(1) == "session_id" else f"x_{m.group(1)}",
                                 path)
     response = wire_client.generic(method, url, "{}", content_type="application/json", HTTP_OPENAI_BETA="agents=v1")
-    assert response["Content-Type"].startswith("application/json"), (response.status_code, response.content[:200])
+    assert response["Content-Type"].startswith("application/json"), f"{response.status_code} {response.content[:200]!r}"
     body: dict[str, Any] = json.loads(response.content)
     if response.status_code >= 400:
         assert set(body) == {"error"} and body["error"]["message"] and body["error"]["code"], body
