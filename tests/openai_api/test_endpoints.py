@@ -43,8 +43,9 @@ def test_each_endpoint_is_a_route_that_answers_in_the_envelope(wire_client: Clie
     session = session_start(agent=factories.agent_profile(), owner=operator)[0]
     # The live event stream never ends on a real session: an unknown one answers at once.
     sid = str(uuid.uuid4()) if sdk == "sessions.events.stream" else str(session.id)
-    url = "/openai/v1" + re.sub(r"\{(\w+)\}", lambda m: sid if m.group(1) == "session_id" else f"x_{m.group(1)}",
-                                path)
+    url = "/openai/v1" + path
+    for name in re.findall(r"\{(\w+)\}", path):  # ids that do not exist, but the session's
+        url = url.replace(f"{{{name}}}", sid if name == "session_id" else f"x_{name}")
     response = wire_client.generic(method, url, "{}", content_type="application/json", HTTP_OPENAI_BETA="agents=v1")
     assert response["Content-Type"].startswith("application/json"), f"{response.status_code} {response.content[:200]!r}"
     body: dict[str, Any] = json.loads(response.content)
