@@ -86,7 +86,7 @@ def test_mcp_stdio_server_is_kept_per_session_restarted_when_it_dies_and_faster(
             per_call.append(time.monotonic() - started)
         assert len(boots) == 3  # a new process each time
     ratio = statistics.median(per_call) / statistics.median(kept)
-    print(f"\nMCP stdio whoami, load {open('/proc/loadavg').read().split()[:3]}: first call of the session "
+    print(f"\nMCP stdio whoami, load {Path('/proc/loadavg').read_text().split()[:3]}: first call of the session "
           f"{first * 1000:.0f} ms; kept process median {statistics.median(kept) * 1000:.1f} ms "
           f"(max {max(kept) * 1000:.1f}); process per call median {statistics.median(per_call) * 1000:.0f} ms; "
           f"ratio {ratio:.0f}x")
