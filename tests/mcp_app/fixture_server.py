@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ImageContent, TextContent, ToolAnnotations
 
 BOOT = uuid.uuid4().hex
@@ -43,9 +43,13 @@ def lookup(key: str) -> dict[str, Any]:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def whoami() -> dict[str, Any]:
-    """Where the server runs: its working directory and the FIXTURE_TOKEN it was given."""
-    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid(), "boot": BOOT}
+def whoami(ctx: Context) -> dict[str, Any]:
+    """Where the server runs: its working directory, the FIXTURE_TOKEN it was given and (over HTTP)
+    the Authorization header it was sent (a careless server that echoes its credentials)."""
+    request = getattr(ctx.request_context, "request", None)
+    auth = request.headers.get("authorization", "") if request is not None else ""
+    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid(), "boot": BOOT,
+            "auth": auth}
 
 
 @server.tool()
