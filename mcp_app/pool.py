@@ -277,7 +277,8 @@ class McpCallPool:
             self.started_processes += 1
         await live.ready.wait()
         if live.error is not None or live.session is None:
-            self._live.pop(key, None)
+            if self._live.get(key) is live:
+                del self._live[key]
             raise live.error or RuntimeError("the MCP server stopped while starting")
         return live
 
