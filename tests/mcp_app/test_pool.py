@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from mcp_app import stdio
+from mcp_app import pool, stdio
 from mcp_app.models import McpServer
 from mcp_app.pool import call_pool
 from mcp_app.runner import mcp_tool_run
 from mcp_app.services import mcp_server_refresh
+from sessions_app.models import AgentSession
+from tests import factories
 from tests.mcp_app.conftest import FIXTURE, FixtureDirs
 from tools_app.builtin import ToolResult
 from tools_app.runners import ToolRun
@@ -169,3 +171,16 @@ def test_mcp_stdio_server_under_a_0700_directory_runs(stdio_server: McpServer, t
     monkeypatch.setattr(stdio, "can_stage_binds", lambda: False)
     error = mcp_server_refresh(server_id=stdio_server.id).error
     assert error, "the server ran without its directory staged"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_kept_stdio_server_stops_when_its_session_is_deleted(stdio_server: McpServer, fixture_dirs: FixtureDirs,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "SESSION_CHECK_SECONDS", 0.5)
+    assert mcp_server_refresh(server_id=stdio_server.id).error == ""
+    session_id = str(factories.turn().session_id)
+    _boot(_call(stdio_server, "whoami", _workspace(fixture_dirs), session_id))
+    time.sleep(6)  # at least one check of the sessions: it exists, so its server stays
+    assert call_pool().live_count(session_id) == 1
+    AgentSession.objects.filter(pk=session_id).delete()
+    assert _wait_for(lambda: call_pool().live_count(session_id) == 0, timeout=15), "kept after its session went"
