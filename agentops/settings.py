@@ -143,7 +143,7 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "agentops.channel_layer.RedisChannelLayer",  # survives a Redis restart
         "CONFIG": {
             "hosts": [REDIS_URL],
             "capacity": env.int("AGENTOPS_CHANNEL_CAPACITY", default=1000),

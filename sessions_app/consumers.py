@@ -113,3 +113,11 @@ class SessionConsumer(JsonConsumer):
         for item in unbatch(message):
             await self.event_message(item)
 
+    async def layer_rejoined(self, message: dict[str, Any]) -> None:
+        """Redis lost the groups and the layer joined ours again (``agentops.channel_layer``):
+        what was committed meanwhile reached nobody, so read it from the database."""
+        if self.feed is None:
+            return  # the hello's backlog will read it
+        async for out in self.feed.backlog():
+            await self.send_json(out)
+
