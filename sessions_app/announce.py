@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ BATCH_LIMIT = 200
 fragments_renderer: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
 _loop: asyncio.AbstractEventLoop | None = None
-_pending: "queue.Queue[dict[str, Any]]" = queue.Queue(maxsize=QUEUE_LIMIT)
+_pending: "queue.Queue[tuple[float, dict[str, Any]]]" = queue.Queue(maxsize=QUEUE_LIMIT)  # (committed at, event)
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
 
@@ -57,7 +58,8 @@ def _get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+async def _send_all(messages: list[tuple[str, dict[str, Any]]], stages: dict[int, list[float]] | None = None
+                    ) -> None:
     """One ``group_send`` per group, all groups at once: each costs four Redis round trips, and
     sent one after another they were most of an announcement's time under load. A group gets one
     message per batch (``_messages``), so its events stay in commit order."""
@@ -68,12 +70,15 @@ async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     for _, message in messages:  # when it left (clients can tell the sender's delay from the rest)
         for item in unbatch(message):
             item["announced_at"] = now
+            if stages is not None:  # AGENTOPS_PUSH_TIMINGS: [committed, picked, listened, rendered]
+                item["stages"] = stages.get(id(item["event"]), [])
     await asyncio.gather(*(layer.group_send(group, message) for group, message in messages))
 
 
-def _render(events: list[dict[str, Any]]) -> list[str]:
+def _render(events: list[dict[str, Any]]) -> list[str] | list[None]:
+    """The events' fragments; None each when the web processes render them (``with_html``)."""
     if fragments_renderer is None:
-        return [""] * len(events)
+        return [None] * len(events)
     try:
         return fragments_renderer(events)
     except Exception:
@@ -81,14 +86,14 @@ def _render(events: list[dict[str, Any]]) -> list[str]:
         return [""] * len(events)
 
 
-def _messages(events: list[dict[str, Any]], htmls: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def _messages(events: list[dict[str, Any]], htmls: list[str] | list[None]) -> list[tuple[str, dict[str, Any]]]:
     """One layer message per group: ``event.message`` for a single event, else ``event.batch``
     with the group's events in commit order (one message in Redis and in every consumer's queue
     instead of one per event: a burst of a session's tool events costs one delivery)."""
     items: dict[str, list[dict[str, Any]]] = {}
     for event, html in zip(events, htmls, strict=True):
         for group in _groups_of(event):
-            items.setdefault(group, []).append({"event": event, "html": html})
+            items.setdefault(group, []).append({"event": event} if html is None else {"event": event, "html": html})
     return [(group, {"type": "event.message", **got[0]} if len(got) == 1 else {"type": "event.batch", "items": got})
             for group, got in items.items()]
 
@@ -100,6 +105,35 @@ def unbatch(message: dict[str, Any]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = message["items"]
         return items
     return [message]
+
+
+async def with_html(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items of a layer message (``unbatch``), each with its ``html``: when the sender did not
+    render them (AGENTOPS_RENDER_IN_WEB), rendered here once per message per process: channels_redis
+    hands the same message object to every local consumer of the group, so the first one renders
+    (in a worker thread) and the others await the same result."""
+    items = unbatch(message)
+    if all("html" in item for item in items):
+        return items
+    rendering = message.get("_rendering")
+    if rendering is None:
+        from agentops.asyncdb import database_read
+
+        render = fragments_web_renderer or (lambda events: [""] * len(events))
+        rendering = message["_rendering"] = asyncio.ensure_future(
+            database_read(render)([item["event"] for item in items]))
+    try:
+        htmls: list[str] = await asyncio.shield(rendering)
+    except Exception:
+        log.exception("rendering the fragments of %d events failed", len(items))
+        htmls = [""] * len(items)
+    for item, html in zip(items, htmls, strict=True):
+        item.setdefault("html", html)
+    return items
+
+
+# The web processes' renderer (sessions_app.fragments.render_event_fragments), set by the app.
+fragments_web_renderer: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
 
 def _groups_of(event: dict[str, Any]) -> list[str]:
@@ -133,19 +167,30 @@ async def _listened(groups: set[str]) -> set[str]:
         return groups
 
 
-def _send(events: list[dict[str, Any]], *, only_listened: bool = False) -> bool:
+def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
+          committed: list[float] | None = None) -> bool:
     loop = _get_loop()
+    picked = time.time()
     try:
         if only_listened:
             groups = {g for e in events for g in _groups_of(e)}
             listened = asyncio.run_coroutine_threadsafe(_listened(groups), loop).result(ANNOUNCE_TIMEOUT_SECONDS)
-            events = [e for e in events if any(g in listened for g in _groups_of(e))]
+            kept = [n for n, e in enumerate(events) if any(g in listened for g in _groups_of(e))]
+            events = [events[n] for n in kept]
+            committed = [committed[n] for n in kept] if committed is not None else None
             if not events:
                 return True
     except Exception as exc:
         log.warning("checking listeners failed: %s", exc)
         return False
-    future = asyncio.run_coroutine_threadsafe(_send_all(_messages(events, _render(events))), loop)
+    checked = time.time()
+    htmls = _render(events)
+    stages = None
+    if getattr(settings, "AGENTOPS_PUSH_TIMINGS", False):  # where an announcement's time goes (proof/load.py)
+        rendered = time.time()
+        stages = {id(e): [committed[n] if committed else picked, picked, checked, rendered]
+                  for n, e in enumerate(events)}
+    future = asyncio.run_coroutine_threadsafe(_send_all(_messages(events, htmls), stages), loop)
     try:
         future.result(timeout=ANNOUNCE_TIMEOUT_SECONDS)
         return True
@@ -175,7 +220,7 @@ def _run() -> None:
             except queue.Empty:
                 break
         close_old_connections()
-        _send(batch, only_listened=True)
+        _send([event for _, event in batch], only_listened=True, committed=[at for at, _ in batch])
 
 
 def announce_later(event: dict[str, Any]) -> None:
@@ -186,7 +231,7 @@ def announce_later(event: dict[str, Any]) -> None:
             _worker = threading.Thread(target=_run, name="event-announcer", daemon=True)
             _worker.start()
     try:
-        _pending.put_nowait(event)
+        _pending.put_nowait((time.time(), event))
     except queue.Full:
         log.warning("announcement queue full: event %s/%s left to gap replay", event.get("session_id"),
                     event.get("seq"))
