@@ -5,9 +5,7 @@ sends requests open-loop (request i leaves at start + i / rate, whether or not e
 done, so a slow server shows as latency, not as a lower rate): 60 % reads (session list, one
 session, its events, the pending approvals), 20 % creates (a session whose turn asks for an
 approval), 20 % decisions (approve a pending request, each once). Prints one JSON report, with
-the rate at which the requests really left: a sender short of CPU
-shows there. aiohttp, not httpx: httpx spent ~3x the CPU per request, and this process shares
-the machine's two cores with the stack it loads.
+the rate at which the requests really left (a sender short of CPU shows there).
 """
 
 import asyncio
