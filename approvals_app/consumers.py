@@ -19,7 +19,7 @@ from agentops.streamaccess import CLOSE_RECONNECT, Watchdog, credential_of_scope
 from agentops.teams import team_ids
 from approvals_app.presence import PRESENCE_SECONDS, presence_load
 from sessions_app import selectors
-from sessions_app.announce import approvals_group, with_html
+from sessions_app.announce import approvals_group, unbatch
 from sessions_app.fragments import render_event_fragments
 
 # An event is stamped inside its transaction, before it commits: look back a little further.
@@ -119,12 +119,12 @@ class ApprovalsConsumer(JsonConsumer):
 
     async def event_message(self, message: dict[str, Any]) -> None:
         if self.ready:  # earlier messages are in the hello's backlog
-            for item in await with_html(message):
-                await self.send_json({"type": "event", "event": item["event"], "html": item.get("html", "")})
+            await self.send_json({"type": "event", "event": message["event"], "html": message.get("html", "")})
 
     async def event_batch(self, message: dict[str, Any]) -> None:
         """Several approval events from one announcement, in order: each forwarded."""
-        await self.event_message(message)
+        for item in unbatch(message):
+            await self.event_message(item)
 
     async def layer_rejoined(self, message: dict[str, Any]) -> None:
         """Redis lost the groups (``agentops.channel_layer`` joined them again): approval events
