@@ -231,9 +231,6 @@ AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE
 # Live push messages carry the announcer's stage times (commit, picked, listeners checked, rendered):
 # what proof/load.py splits the push latency by. Off by default (a few bytes per event).
 AGENTOPS_PUSH_TIMINGS = env.bool("AGENTOPS_PUSH_TIMINGS", default=False)
-# The live events' HTML fragments are rendered once per event in each web process that forwards
-# them (True), or once by the writer that announces them (False: template work in the engine).
-AGENTOPS_RENDER_IN_WEB = env.bool("AGENTOPS_RENDER_IN_WEB", default=True)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 # The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
 # (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.

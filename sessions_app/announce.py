@@ -75,10 +75,9 @@ async def _send_all(messages: list[tuple[str, dict[str, Any]]], stages: dict[int
     await asyncio.gather(*(layer.group_send(group, message) for group, message in messages))
 
 
-def _render(events: list[dict[str, Any]]) -> list[str] | list[None]:
-    """The events' fragments; None each when the web processes render them (``with_html``)."""
+def _render(events: list[dict[str, Any]]) -> list[str]:
     if fragments_renderer is None:
-        return [None] * len(events)
+        return [""] * len(events)
     try:
         return fragments_renderer(events)
     except Exception:
@@ -86,14 +85,14 @@ def _render(events: list[dict[str, Any]]) -> list[str] | list[None]:
         return [""] * len(events)
 
 
-def _messages(events: list[dict[str, Any]], htmls: list[str] | list[None]) -> list[tuple[str, dict[str, Any]]]:
+def _messages(events: list[dict[str, Any]], htmls: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """One layer message per group: ``event.message`` for a single event, else ``event.batch``
     with the group's events in commit order (one message in Redis and in every consumer's queue
     instead of one per event: a burst of a session's tool events costs one delivery)."""
     items: dict[str, list[dict[str, Any]]] = {}
     for event, html in zip(events, htmls, strict=True):
         for group in _groups_of(event):
-            items.setdefault(group, []).append({"event": event} if html is None else {"event": event, "html": html})
+            items.setdefault(group, []).append({"event": event, "html": html})
     return [(group, {"type": "event.message", **got[0]} if len(got) == 1 else {"type": "event.batch", "items": got})
             for group, got in items.items()]
 
@@ -105,35 +104,6 @@ def unbatch(message: dict[str, Any]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = message["items"]
         return items
     return [message]
-
-
-async def with_html(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The items of a layer message (``unbatch``), each with its ``html``: when the sender did not
-    render them (AGENTOPS_RENDER_IN_WEB), rendered here once per message per process: channels_redis
-    hands the same message object to every local consumer of the group, so the first one renders
-    (in a worker thread) and the others await the same result."""
-    items = unbatch(message)
-    if all("html" in item for item in items):
-        return items
-    rendering = message.get("_rendering")
-    if rendering is None:
-        from agentops.asyncdb import database_read
-
-        render = fragments_web_renderer or (lambda events: [""] * len(events))
-        rendering = message["_rendering"] = asyncio.ensure_future(
-            database_read(render)([item["event"] for item in items]))
-    try:
-        htmls: list[str] = await asyncio.shield(rendering)
-    except Exception:
-        log.exception("rendering the fragments of %d events failed", len(items))
-        htmls = [""] * len(items)
-    for item, html in zip(items, htmls, strict=True):
-        item.setdefault("html", html)
-    return items
-
-
-# The web processes' renderer (sessions_app.fragments.render_event_fragments), set by the app.
-fragments_web_renderer: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
 
 def _groups_of(event: dict[str, Any]) -> list[str]:

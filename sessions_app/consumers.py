@@ -14,7 +14,7 @@ from agentops.asyncdb import BadMessage, JsonConsumer, database_read, message_in
 from agentops.permissions import VIEW_SESSIONS, has_perm
 from agentops.streamaccess import ReplayLimiter, Watchdog, credential_of_scope
 from sessions_app import selectors
-from sessions_app.announce import session_group, with_html
+from sessions_app.announce import session_group, unbatch
 from sessions_app.fragments import render_event_fragments
 from sessions_app.streams import EventFeed, Message
 
@@ -102,11 +102,6 @@ class SessionConsumer(JsonConsumer):
         # before it was read (consumers handle one message at a time, in order).
         if self.feed is None:
             return
-        for item in await with_html(message):
-            await self._forward(item)
-
-    async def _forward(self, message: dict[str, Any]) -> None:
-        assert self.feed is not None
         live = {"type": "event", "event": message["event"], "html": message.get("html", "")}
         if "announced_at" in message:  # the sender's clock when it sent it (a measure, never a state)
             live["announced_at"] = message["announced_at"]
@@ -117,7 +112,8 @@ class SessionConsumer(JsonConsumer):
 
     async def event_batch(self, message: dict[str, Any]) -> None:
         """Several events of the session from one announcement, in seq order: each forwarded."""
-        await self.event_message(message)
+        for item in unbatch(message):
+            await self.event_message(item)
 
     async def layer_rejoined(self, message: dict[str, Any]) -> None:
         """Redis lost the groups and the layer joined ours again (``agentops.channel_layer``):
