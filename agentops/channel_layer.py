@@ -35,7 +35,7 @@ def check_seconds() -> float:
     return float(os.environ.get("AGENTOPS_LAYER_CHECK_SECONDS", "1.0"))
 
 
-class RedisChannelLayer(BaseRedisChannelLayer):  # type: ignore[misc]
+class RedisChannelLayer(BaseRedisChannelLayer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.joined: dict[str, set[str]] = {}  # group → this process's channels in it
