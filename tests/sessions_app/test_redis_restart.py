@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 
 from agentops.embedded_redis import free_port, redis_binary
 from agentops.run import wait_port
@@ -146,8 +147,17 @@ def record(session: AgentSession, text: str) -> int:
     return services.event_record(session_id=session.id, type="note.added", payload={"text": text}).seq
 
 
+def _cut_database_connections() -> None:
+    """pg_terminate_backend every other connection to the test database (the chaos proof does it
+    right after a Redis restart): the web process's pooled connections die under its reads."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+
+
+@pytest.mark.parametrize("cut_database", [False, True], ids=["redis", "redis-and-database"])
 def test_clients_of_a_daphne_that_outlives_a_redis_restart_get_every_later_event(
-        redis: PrivateRedis, web: str) -> None:
+        redis: PrivateRedis, web: str, cut_database: bool) -> None:
     owner: User = factories.user(groups=["operators"])
     session = factories.session(owner=owner, title="restart")
     first = record(session, "before")
@@ -161,6 +171,11 @@ def test_clients_of_a_daphne_that_outlives_a_redis_restart_get_every_later_event
 
         redis.kill()
         redis.start()  # same port, empty: the group memberships are gone
+        if cut_database:
+            if connection.vendor != "postgresql":
+                pytest.skip("pg_terminate_backend is PostgreSQL's")
+            time.sleep(0.6)  # while the web process re-reads after rejoining
+            _cut_database_connections()
         time.sleep(0.3)
         during = record(session, "committed while nobody was in the group")
         time.sleep(2.0)  # the web process notices the loss within AGENTOPS_LAYER_CHECK_SECONDS
@@ -168,8 +183,12 @@ def test_clients_of_a_daphne_that_outlives_a_redis_restart_get_every_later_event
         # The last events have no later one to reveal a gap: they must arrive live.
         expected = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
         assert {first, second, during, *after} <= set(expected)
-        wait_for(lambda: sorted(set(watcher.ws_seqs)) == expected and sorted(set(watcher.sse_seqs)) == expected,
-                 timeout=15, what="every event live after the restart")
+        try:
+            wait_for(lambda: sorted(set(watcher.ws_seqs)) == expected and sorted(set(watcher.sse_seqs)) == expected,
+                     timeout=15, what="every event live after the restart")
+        except AssertionError:
+            print("expected", expected, "ws", watcher.ws_seqs, "sse", watcher.sse_seqs, "closes", watcher.closes)
+            raise
         assert watcher.ws_seqs == expected and watcher.sse_seqs == expected  # each once, in order
         assert watcher.closes == []  # they stayed connected: nothing to reconnect
 
