@@ -104,8 +104,8 @@ class Watcher:
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.tasks = [asyncio.run_coroutine_threadsafe(self._ws(), self.loop),
-                      asyncio.run_coroutine_threadsafe(self._sse(), self.loop)]
+        self.futures = [asyncio.run_coroutine_threadsafe(self._ws(), self.loop),
+                        asyncio.run_coroutine_threadsafe(self._sse(), self.loop)]
 
     async def _ws(self) -> None:
         async with aiohttp.ClientSession(cookies={"sessionid": self.cookie}) as http:
@@ -137,8 +137,13 @@ class Watcher:
                                          self.loop).result(5)
 
     def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+        async def end() -> None:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(end(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
 
