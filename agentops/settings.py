@@ -215,6 +215,9 @@ AGENTOPS_ARTIFACT_ROOT = Path(env.str("AGENTOPS_ARTIFACT_ROOT", default=str(BASE
 AGENTOPS_SANDBOX_ALLOW_UNSAFE = env.bool("AGENTOPS_SANDBOX_ALLOW_UNSAFE", default=False)
 AGENTOPS_SANDBOX_UID = env.int("AGENTOPS_SANDBOX_UID", default=65534)
 AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_UID)
+# A session's stdio MCP server process is kept this long after its last call (mcp_app.pool);
+# 0 = a fresh server process per call.
+AGENTOPS_MCP_STDIO_IDLE_SECONDS = env.float("AGENTOPS_MCP_STDIO_IDLE_SECONDS", default=300)
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
 # API decisions must name the run-spec hash the reviewer saw; off only for trusted clients.
 AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = env.bool("AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256", default=True)
