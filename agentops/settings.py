@@ -143,7 +143,7 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "agentops.channel_layer.RedisChannelLayer",  # survives a Redis restart
         "CONFIG": {
             "hosts": [REDIS_URL],
             "capacity": env.int("AGENTOPS_CHANNEL_CAPACITY", default=1000),
@@ -231,6 +231,9 @@ AGENTOPS_GRANT_TTL_SECONDS = env.int("AGENTOPS_GRANT_TTL_SECONDS", default=0)
 AGENTOPS_STREAM_RECHECK_SECONDS = env.float("AGENTOPS_STREAM_RECHECK_SECONDS", default=30.0)
 AGENTOPS_STREAM_MAX_SECONDS = env.float("AGENTOPS_STREAM_MAX_SECONDS", default=3600.0)
 AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE", default=60)
+# Live push messages carry the announcer's stage times (commit, picked, listeners checked, rendered):
+# what proof/load.py splits the push latency by. Off by default (a few bytes per event).
+AGENTOPS_PUSH_TIMINGS = env.bool("AGENTOPS_PUSH_TIMINGS", default=False)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 # The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
 # (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.
