@@ -178,8 +178,9 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-               # Short leases (a live gateway renews its own) and a fast sweeper.
-               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
+               # Short leases (a live gateway renews its own every third of one) and a fast sweeper; 3 s
+               # rides out the stalls of a loaded 2-core machine (a 1 s lease expired under a live gateway).
+               "AGENTOPS_LEASE_SECONDS": "3", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
                "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
         env.pop("DATABASE_TEST_NAME", None)
         if kind == "gateway":
