@@ -36,10 +36,10 @@ def _isolate_xdist_worker() -> None:
         os.environ.pop("CELERY_BROKER_URL", None)
     os.environ["REDIS_URL"] = settings.REDIS_URL = url
     for layer in settings.CHANNEL_LAYERS.values():
-        layer.get("CONFIG", {})["hosts"] = [url]
+        layer["CONFIG"] = {**dict(layer.get("CONFIG") or {}), "hosts": [url]}  # type: ignore[arg-type]
     from agentops.celery import app
 
-    app.conf.broker_url = settings.CELERY_BROKER_URL
+    app.conf.update(broker_url=settings.CELERY_BROKER_URL)
 
 
 _isolate_xdist_worker()
