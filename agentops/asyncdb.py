@@ -17,7 +17,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.middleware import BaseMiddleware
 from channels.sessions import CookieMiddleware, SessionMiddleware
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from agentops.parser import INT64, json_loads_strict
 
@@ -25,13 +25,32 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+MAX_READ_ATTEMPTS = 12  # above the pool's size: each of its idle connections may be dead
+
+
+def _connection_lost() -> bool:
+    """Did the server close this thread's connection (a restart, pg_terminate_backend)?"""
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", True))
+
+
 def database_read(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """``fn`` (which reads the database) as a coroutine function run in a worker thread."""
+    """``fn`` (which reads the database) as a coroutine function run in a worker thread. A read
+    that meets a connection the server closed runs again on another: after a PostgreSQL restart
+    or a cut, the pool still hands out its dead idle connections one by one (measured: a stream's
+    re-read right after a cut died with "terminating connection due to administrator command")."""
 
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         close_old_connections()
         try:
-            return fn(*args, **kwargs)
+            for attempt in range(1, MAX_READ_ATTEMPTS + 1):
+                try:
+                    return fn(*args, **kwargs)
+                except (OperationalError, InterfaceError):
+                    if attempt == MAX_READ_ATTEMPTS or not _connection_lost():
+                        raise
+                    connection.close()  # back to the pool, which discards it
+            raise AssertionError("unreachable")
         finally:
             close_old_connections()
 

@@ -143,7 +143,7 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "agentops.channel_layer.RedisChannelLayer",  # survives a Redis restart
         "CONFIG": {
             "hosts": [REDIS_URL],
             "capacity": env.int("AGENTOPS_CHANNEL_CAPACITY", default=1000),
@@ -215,6 +215,9 @@ AGENTOPS_ARTIFACT_ROOT = Path(env.str("AGENTOPS_ARTIFACT_ROOT", default=str(BASE
 AGENTOPS_SANDBOX_ALLOW_UNSAFE = env.bool("AGENTOPS_SANDBOX_ALLOW_UNSAFE", default=False)
 AGENTOPS_SANDBOX_UID = env.int("AGENTOPS_SANDBOX_UID", default=65534)
 AGENTOPS_SANDBOX_GID = env.int("AGENTOPS_SANDBOX_GID", default=AGENTOPS_SANDBOX_UID)
+# A session's stdio MCP server process is kept this long after its last call (mcp_app.pool);
+# 0 = a fresh server process per call.
+AGENTOPS_MCP_STDIO_IDLE_SECONDS = env.float("AGENTOPS_MCP_STDIO_IDLE_SECONDS", default=300)
 AGENTOPS_FORBID_SELF_APPROVAL = env.bool("AGENTOPS_FORBID_SELF_APPROVAL", default=True)
 # API decisions must name the run-spec hash the reviewer saw; off only for trusted clients.
 AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = env.bool("AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256", default=True)
@@ -228,6 +231,9 @@ AGENTOPS_GRANT_TTL_SECONDS = env.int("AGENTOPS_GRANT_TTL_SECONDS", default=0)
 AGENTOPS_STREAM_RECHECK_SECONDS = env.float("AGENTOPS_STREAM_RECHECK_SECONDS", default=30.0)
 AGENTOPS_STREAM_MAX_SECONDS = env.float("AGENTOPS_STREAM_MAX_SECONDS", default=3600.0)
 AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE", default=60)
+# Live push messages carry the announcer's stage times (commit, picked, listeners checked, rendered):
+# what proof/load.py splits the push latency by. Off by default (a few bytes per event).
+AGENTOPS_PUSH_TIMINGS = env.bool("AGENTOPS_PUSH_TIMINGS", default=False)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 # The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
 # (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.

@@ -15,7 +15,7 @@ from django.utils.dateparse import parse_datetime
 from agentops.asyncdb import BadMessage, JsonConsumer, database_read
 from agentops.models import Team
 from agentops.permissions import VIEW_APPROVALS, has_perm
-from agentops.streamaccess import Watchdog, credential_of_scope
+from agentops.streamaccess import CLOSE_RECONNECT, Watchdog, credential_of_scope
 from agentops.teams import team_ids
 from approvals_app.presence import PRESENCE_SECONDS, presence_load
 from sessions_app import selectors
@@ -125,6 +125,12 @@ class ApprovalsConsumer(JsonConsumer):
         """Several approval events from one announcement, in order: each forwarded."""
         for item in unbatch(message):
             await self.event_message(item)
+
+    async def layer_rejoined(self, message: dict[str, Any]) -> None:
+        """Redis lost the groups (``agentops.channel_layer`` joined them again): approval events
+        committed meanwhile reached nobody. The client reconnects and its hello reads them."""
+        await self.send_json({"type": "reconnect", "reason": "layer_rejoined"})
+        await self.close(code=CLOSE_RECONNECT)
 
 
 def _since(value: Any) -> datetime:

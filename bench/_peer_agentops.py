@@ -13,7 +13,6 @@ an ``update()`` of the turn's counter.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,15 +24,12 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _peers_common import (  # noqa: E402
-    INSTRUCTIONS,
-    TOOL_OUTPUT,
     Turn,
-    chat,
+    floor_loop,
     floor_tables,
     script,
     serve,
     timed,
-    tool_param,
     versions,
 )
 
@@ -125,34 +121,24 @@ def _django(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, di
             db_table = "peers_dj_event"
 
     client = openai.OpenAI(base_url=args.model_url, api_key="not-needed", max_retries=0, timeout=60)
-    tools = [tool_param()]
 
     def run(n: int) -> tuple[int, Any]:
         user = script(n)
         turn = FloorTurn.objects.create(input=user)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS},
-                                          {"role": "user", "content": user}]
-        done = seq = 0
-        while True:
-            message = chat(client, messages, tools)
-            messages.append(message)
-            if not message.get("tool_calls"):
-                return done, message.get("content")
-            for call in message["tool_calls"]:
-                arguments = json.loads(call["function"]["arguments"] or "{}")
-                output = TOOL_OUTPUT
-                now = timezone.now()
-                with transaction.atomic():
-                    FloorStep.objects.create(turn=turn, index=done, tool_name=call["function"]["name"],
-                                             call_id=call["id"], arguments=arguments, result={"output": output},
-                                             created_at=now)
-                    for kind, payload in (("tool.started", {"arguments": arguments}),
-                                          ("tool.completed", {"output": output})):
-                        FloorEvent.objects.create(turn=turn, seq=seq, type=kind, payload=payload, created_at=now)
-                        seq += 1
-                    FloorTurn.objects.filter(pk=turn.pk).update(tool_calls=F("tool_calls") + 1)
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
-                done += 1
+
+        def record(index: int, call: dict[str, Any], arguments: dict[str, Any], output: str) -> None:
+            now = timezone.now()
+            with transaction.atomic():
+                FloorStep.objects.create(turn=turn, index=index, tool_name=call["function"]["name"],
+                                         call_id=call["id"], arguments=arguments, result={"output": output},
+                                         created_at=now)
+                for seq, (kind, payload) in enumerate((("tool.started", {"arguments": arguments}),
+                                                       ("tool.completed", {"output": output}))):
+                    FloorEvent.objects.create(turn=turn, seq=2 * index + seq, type=kind, payload=payload,
+                                              created_at=now)
+                FloorTurn.objects.filter(pk=turn.pk).update(tool_calls=F("tool_calls") + 1)
+
+        return floor_loop(client, user, record)
 
     def teardown() -> None:
         client.close()

@@ -7,21 +7,17 @@ design that persists every step can write.
 """
 
 import argparse
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from _peers_common import (
-    INSTRUCTIONS,
-    TOOL_OUTPUT,
     Turn,
-    chat,
+    floor_loop,
     floor_tables,
     script,
     serve,
     timed,
-    tool_param,
     versions,
 )
 
@@ -36,7 +32,6 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
     floor_tables(args.dsn, PREFIX)
     conn = psycopg.connect(args.dsn)
     client = openai.OpenAI(base_url=args.model_url, api_key="not-needed", max_retries=0, timeout=60)
-    tools = [tool_param()]
 
     def run(n: int) -> tuple[int, Any]:
         user = script(n)
@@ -44,31 +39,21 @@ def setup(args: argparse.Namespace) -> tuple[Turn, Callable[[], None], str, dict
             row = conn.execute(f"INSERT INTO {PREFIX}turn (input) VALUES (%s) RETURNING id", [user]).fetchone()
         assert row is not None
         turn_id = row[0]
-        messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS},
-                                          {"role": "user", "content": user}]
-        done = seq = 0
-        while True:
-            message = chat(client, messages, tools)
-            messages.append(message)
-            if not message.get("tool_calls"):
-                return done, message.get("content")
-            for call in message["tool_calls"]:
-                arguments = json.loads(call["function"]["arguments"] or "{}")
-                output = TOOL_OUTPUT
-                now = datetime.now(UTC)
-                with conn.transaction():
-                    conn.execute(f"INSERT INTO {PREFIX}step (turn_id, index, tool_name, call_id, arguments, result,"
-                                 " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                                 [turn_id, done, call["function"]["name"], call["id"],
-                                  Jsonb(arguments), Jsonb({"output": output}), now])
-                    for kind, payload in (("tool.started", {"arguments": arguments}),
-                                          ("tool.completed", {"output": output})):
-                        conn.execute(f"INSERT INTO {PREFIX}event (turn_id, seq, type, payload, created_at)"
-                                     " VALUES (%s, %s, %s, %s, %s)", [turn_id, seq, kind, Jsonb(payload), now])
-                        seq += 1
-                    conn.execute(f"UPDATE {PREFIX}turn SET tool_calls = tool_calls + 1 WHERE id = %s", [turn_id])
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
-                done += 1
+
+        def record(index: int, call: dict[str, Any], arguments: dict[str, Any], output: str) -> None:
+            now = datetime.now(UTC)
+            with conn.transaction():
+                conn.execute(f"INSERT INTO {PREFIX}step (turn_id, index, tool_name, call_id, arguments, result,"
+                             " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                             [turn_id, index, call["function"]["name"], call["id"],
+                              Jsonb(arguments), Jsonb({"output": output}), now])
+                for seq, (kind, payload) in enumerate((("tool.started", {"arguments": arguments}),
+                                                       ("tool.completed", {"output": output}))):
+                    conn.execute(f"INSERT INTO {PREFIX}event (turn_id, seq, type, payload, created_at)"
+                                 " VALUES (%s, %s, %s, %s, %s)", [turn_id, 2 * index + seq, kind, Jsonb(payload), now])
+                conn.execute(f"UPDATE {PREFIX}turn SET tool_calls = tool_calls + 1 WHERE id = %s", [turn_id])
+
+        return floor_loop(client, user, record)
 
     def teardown() -> None:
         conn.close()

@@ -76,6 +76,25 @@ def chat(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return message
 
 
+def floor_loop(client: Any, user: str, record: Callable[[int, dict[str, Any], dict[str, Any], str], None]
+               ) -> tuple[int, Any]:
+    """The two floors' turn: call the model until it answers without tool calls; per tool call,
+    ``record(index, call, arguments, output)`` persists the step (one transaction, the floor's own way)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": user}]
+    tools = [tool_param()]
+    done = 0
+    while True:
+        message = chat(client, messages, tools)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return done, message.get("content")
+        for call in message["tool_calls"]:
+            arguments = json.loads(call["function"]["arguments"] or "{}")
+            record(done, call, arguments, TOOL_OUTPUT)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": TOOL_OUTPUT})
+            done += 1
+
+
 def floor_tables(dsn: str, prefix: str) -> None:
     import psycopg
 

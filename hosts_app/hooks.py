@@ -6,18 +6,17 @@ session first if it has none yet (its first tick: ``session_pin`` picks the leas
 
 import time
 
-import redis
 from django.conf import settings
 from django.utils import timezone
 
 from agentops import dispatch
 from hosts_app.models import SandboxHost
-from hosts_app.runners import wake_key
 from hosts_app.services import (
     AWAITING,
     CHECKING,
     PREVIEW_TASK,
     manifest_check_request,
+    runner_wake,
     session_pin,
     step_await_host,
     step_host_unavailable,
@@ -60,9 +59,12 @@ def workspace_is_local(session: AgentSession) -> bool:
 
 
 def tool_queue_for(step_id: str) -> str | None:
-    step = Step.objects.select_related("session").filter(pk=step_id).first()
+    # One query for the step, its session and, when pinned, its placement and host.
+    step = Step.objects.select_related("session__placement__host").filter(pk=step_id).first()
     if step is None:
         return None
+    if hasattr(step.session, "placement"):
+        setattr(step.session, CACHE, step.session.placement.host)
     host = host_of(step.session)
     if host is None:
         return None
@@ -72,16 +74,6 @@ def tool_queue_for(step_id: str) -> str | None:
         runner_wake(host.name, step_id)  # its long-poll claims the step in the database
         return ""
     return host.queue
-
-
-def runner_wake(name: str, step_id: str) -> None:
-    """Wake the runner's long-poll at once (it also looks every second: a lost wake-up only delays)."""
-    try:
-        client = dispatch.redis_client()
-        client.rpush(wake_key(name), step_id)
-        client.expire(wake_key(name), 60)
-    except redis.RedisError:
-        pass
 
 
 def preview_elsewhere(step: Step) -> None:

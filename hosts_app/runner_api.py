@@ -3,9 +3,10 @@
 one thread daphne runs sync views in; database work runs in worker threads (``database_read``).
 """
 
-import contextlib
+import asyncio
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -18,8 +19,10 @@ from agentops.api import ERRORS
 from agentops.asyncdb import database_read
 from hosts_app import runners
 from hosts_app.models import SandboxHost
+from hosts_app.services import wake_key
 
 router = Router(tags=["runners"])
+R = TypeVar("R")
 
 
 class HeartbeatIn(Schema):
@@ -54,75 +57,92 @@ class ManifestIn(Schema):
     changed: bool | None
 
 
-async def _runner(request: HttpRequest) -> SandboxHost:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    host = await database_read(runners.runner_authenticate)(token.strip()) if scheme.lower() == "bearer" else None
+def _token(request: HttpRequest) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _as_runner(token: str, action: Callable[..., R], **kwargs: Any) -> tuple[SandboxHost, R]:
+    """Authenticate the runner and act for it in the same database visit (one worker thread hop:
+    under load each hop costs milliseconds). Unknown or revoked token: 401, nothing done."""
+    host = runners.runner_authenticate(token)
     if host is None:
         raise HttpError(401, "Unknown or revoked runner token.")
-    return host
+    return host, action(host=host, **kwargs)
+
+
+async def _act(request: HttpRequest, action: Callable[..., R], **kwargs: Any) -> tuple[SandboxHost, R]:
+    return await database_read(_as_runner)(_token(request), action, **kwargs)
+
+
+def _heartbeat(*, host: SandboxHost, versions: dict[str, Any], self_test: dict[str, Any]) -> str:
+    runners.runner_heartbeat(host=host, versions=versions, self_test=self_test)
+    return host.team.slug if host.team else ""
 
 
 @router.post("/heartbeat", auth=None, response={200: HeartbeatOut, **ERRORS})
 async def runner_heartbeat_api(request: HttpRequest, payload: HeartbeatIn) -> dict[str, Any]:
-    host = await _runner(request)
-    host = await database_read(runners.runner_heartbeat)(host=host, versions=payload.versions,
-                                                         self_test=payload.self_test)
-    team = await database_read(lambda: host.team.slug if host.team else "")()
+    host, team = await _act(request, _heartbeat, versions=payload.versions, self_test=payload.self_test)
     return {"name": host.name, "team": team, "poll_seconds": settings.AGENTOPS_RUNNER_POLL_SECONDS}
 
 
 @router.post("/jobs/next", auth=None, response={200: dict[str, Any], 204: None, **ERRORS})
 async def runner_job_next_api(request: HttpRequest, wait: float = 20.0) -> Any:
-    """Long-poll: a signed job as soon as one is ready, else 204 after ``wait`` seconds."""
-    host = await _runner(request)
+    """Long-poll: a signed job as soon as one is ready, else 204 after ``wait`` seconds.
+
+    It waits on the runner's wake-up list (``hosts_app.services.runner_wake``): the engine's
+    hand-over pushes the step's id, and the poll claims that step at once; a manifest check or a
+    revocation pushes a word that makes it look at everything or authenticate again. Without a
+    wake-up it looks at everything every second (a lost wake-up only delays). Every look
+    authenticates again: a revoked runner gets nothing more, even in the middle of its poll."""
+    host, job = await _act(request, runners.runner_next_job)
+    if job is not None:
+        return job
     deadline = time.monotonic() + max(0.0, min(wait, settings.AGENTOPS_RUNNER_POLL_SECONDS))
+    looked = time.monotonic()
     client = aioredis.from_url(settings.REDIS_URL)
     try:
-        while True:
-            job = await database_read(runners.runner_next_job)(host=host)
+        while (left := deadline - time.monotonic()) > 0:
+            message = None
+            try:
+                popped = await client.blpop([wake_key(host.name)], timeout=max(0.05, min(1.0, left)))
+                message = popped[1].decode() if popped else None
+            except aioredis.RedisError:
+                await asyncio.sleep(min(1.0, left))
+            if message is not None and time.monotonic() - looked < 1.0:
+                _host, job = await _act(request, runners.runner_woken_job, message=message)
+            else:
+                _host, job = await _act(request, runners.runner_next_job)
+                looked = time.monotonic()
             if job is not None:
                 return job
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return Status(204, None)
-            # Woken by the engine's hand-over (hosts_app.hooks), or every second for what it missed.
-            with contextlib.suppress(aioredis.RedisError):
-                await client.blpop([runners.wake_key(host.name)], timeout=max(0.05, min(1.0, left)))
-            # A revoked runner gets nothing more, even in the middle of its poll.
-            if await database_read(runners.runner_authenticate)(
-                    request.headers.get("Authorization", "").partition(" ")[2].strip()) is None:
-                raise HttpError(401, "Unknown or revoked runner token.")
+        return Status(204, None)
     finally:
         await client.aclose()
 
 
 @router.post("/jobs/{job_id}/progress", auth=None, response={204: None, **ERRORS})
 async def runner_progress_api(request: HttpRequest, job_id: str, payload: ProgressIn) -> Any:
-    host = await _runner(request)
-    await database_read(runners.runner_progress)(host=host, job_id=job_id, output=payload.output)
+    await _act(request, runners.runner_progress, job_id=job_id, output=payload.output)
     return Status(204, None)
 
 
 @router.post("/jobs/{job_id}/result", auth=None, response={200: RecordedOut, **ERRORS})
 async def runner_result_api(request: HttpRequest, job_id: str, payload: ResultIn) -> dict[str, Any]:
-    host = await _runner(request)
-    recorded = await database_read(runners.runner_result_record)(host=host, job_id=job_id, result=payload.result,
-                                                                 files=payload.files)
+    _host, recorded = await _act(request, runners.runner_result_record, job_id=job_id, result=payload.result,
+                                 files=payload.files)
     return {"recorded": recorded}
 
 
 @router.post("/jobs/{job_id}/refused", auth=None, response={204: None, **ERRORS})
 async def runner_refused_api(request: HttpRequest, job_id: str, payload: RefusedIn) -> Any:
-    host = await _runner(request)
-    await database_read(runners.runner_refusal_record)(host=host, job_id=job_id, reason=payload.reason)
+    await _act(request, runners.runner_refusal_record, job_id=job_id, reason=payload.reason)
     return Status(204, None)
 
 
 @router.post("/jobs/{job_id}/manifest", auth=None, response={204: None, **ERRORS})
 async def runner_manifest_api(request: HttpRequest, job_id: str, payload: ManifestIn) -> Any:
-    host = await _runner(request)
-    await database_read(runners.runner_manifest_answer)(host=host, job_id=job_id, changed=payload.changed)
+    await _act(request, runners.runner_manifest_answer, job_id=job_id, changed=payload.changed)
     return Status(204, None)
 
 

@@ -31,7 +31,7 @@ from agentops.models import Team
 from agentops.runner.protocol import TOKEN_PREFIX, sign, signing_key, spec_sha256, token_hash
 from agentops.teams import OPERATE_ROLES, require_team_role
 from hosts_app.models import RunnerResult, SandboxHost
-from hosts_app.services import CHECKING, host_heartbeat
+from hosts_app.services import CHECKING, WAKE_REVOKED, host_heartbeat, runner_wake
 from sessions_app.engine.recovery import _back_to, _in_doubt
 from sessions_app.engine.tool_steps import StepRebound, current_run, tool_step_claim, tool_step_record
 from sessions_app.events import event_record
@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 JOB_TTL_SECONDS = 300
 MAX_FILE_BYTES = 20 * 1024 * 1024
 RUNNER_TOOLS = frozenset({"run_command", "read_file", "write_file", "list_files", "publish_artifact"})
-
-
-def wake_key(name: str) -> str:
-    return f"agentops:runner:{name}"
 
 
 @transaction.atomic
@@ -76,6 +72,7 @@ def runner_revoke(*, name: str, actor: User) -> SandboxHost:
     host.ensure_can_move_to(SandboxHost.Status.REVOKED)
     host.status, host.revoked_at = SandboxHost.Status.REVOKED, timezone.now()
     host.save(update_fields=["status", "revoked_at", "updated_at"])
+    runner_wake(host.name, WAKE_REVOKED)  # its running long-poll authenticates again, now: 401
     return host
 
 
@@ -107,12 +104,14 @@ def _manifest_job(host: SandboxHost) -> dict[str, Any] | None:
                           "session_id": str(step.session_id)})
 
 
-def _claim_one(host: SandboxHost) -> dict[str, Any] | None:
-    for step in Step.objects.filter(kind=Step.Kind.TOOL, status=Step.Status.APPROVED,
-                                    session__placement__host=host).order_by("created_at")[:5]:
+def _claim_one(host: SandboxHost, step_id: uuid.UUID | None = None) -> dict[str, Any] | None:
+    waiting = Step.objects.filter(kind=Step.Kind.TOOL, status=Step.Status.APPROVED, session__placement__host=host)
+    if step_id is not None:
+        waiting = waiting.filter(pk=step_id)
+    for step in waiting.order_by("created_at")[:5]:
         with transaction.atomic():
             try:
-                approval = tool_step_claim(step)
+                approval = tool_step_claim(step, owner=f"runner:{host.name}")
             except StepRebound:
                 continue
             except Conflict:
@@ -122,7 +121,6 @@ def _claim_one(host: SandboxHost) -> dict[str, Any] | None:
             if approval is not None and run_hash != (approval.approved_sha256 or approval.arguments_sha256):
                 transaction.set_rollback(True)  # the tool changed after the approval: the sweeper re-asks
                 continue
-            Step.objects.filter(pk=step.pk).update(lease_owner=f"runner:{host.name}")
         if tool is None or tool.name not in RUNNER_TOOLS:
             runner_result_record(host=host, job_id=f"{step.id}:{step.attempts}", result={
                 "status": "failed", "error_code": "unsupported_on_runner",
@@ -145,6 +143,16 @@ def _claim_one(host: SandboxHost) -> dict[str, Any] | None:
 def runner_next_job(*, host: SandboxHost) -> dict[str, Any] | None:
     """The next signed job for this runner (a manifest check first), claimed; None when none waits."""
     return _manifest_job(host) or _claim_one(host)
+
+
+def runner_woken_job(*, host: SandboxHost, message: str) -> dict[str, Any] | None:
+    """The job a wake-up names: the step the engine just handed over, claimed by its id (one
+    query to find it); any other message (a manifest check, a revocation) looks at everything."""
+    try:
+        step_id = uuid.UUID(message)
+    except ValueError:
+        return runner_next_job(host=host)
+    return _claim_one(host, step_id)
 
 
 def _step_of(host: SandboxHost, job_id: str) -> Step:

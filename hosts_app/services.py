@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -31,6 +32,30 @@ SEED_TASK = "hosts_app.tasks.workspace_seed_task"
 # Lease owners of an interrupted step whose host is asked, or awaited, for its manifest.
 CHECKING = "manifest-check:"
 AWAITING = "host-offline:"
+# What wakes a runner's long-poll besides a step id: look at everything (a manifest check), or
+# authenticate again (revoked).
+WAKE_LOOK = "look"
+WAKE_REVOKED = "revoked"
+
+
+def wake_key(name: str) -> str:
+    return f"agentops:runner:{name}"
+
+
+def runner_wake(name: str, message: str) -> None:
+    """Wake the runner's long-poll at once (after commit, where there is a transaction): with a
+    step id it claims that step in the same database visit it re-authenticates in. The poll also
+    looks at everything every second, so a lost wake-up only delays."""
+    def send() -> None:
+        try:
+            pipe = dispatch.redis_client().pipeline(transaction=False)  # one round trip
+            pipe.rpush(wake_key(name), message)
+            pipe.expire(wake_key(name), 60)
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("runner %s not woken (Redis); its poll finds the work within a second", name)
+
+    transaction.on_commit(send)
 
 
 @transaction.atomic
@@ -135,7 +160,8 @@ def manifest_check_request(*, step: Step, host: SandboxHost) -> None:
                  payload={"host": host.name})
     if host.kind == SandboxHost.Kind.HOSTED:
         dispatch.host_task_enqueue(MANIFEST_CHECK_TASK, [str(step.id)], queue=host.queue)
-    # A runner is asked in its next poll (hosts_app.runners).
+    else:  # a runner is asked in its poll (hosts_app.runners), woken now
+        runner_wake(host.name, WAKE_LOOK)
 
 
 def step_await_host(*, step: Step, host: SandboxHost) -> str:

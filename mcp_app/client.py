@@ -1,9 +1,11 @@
 """Talking to one MCP server with the official SDK: list its tools, call one, within a deadline.
 
-Each call opens its own connection (stdio: a fresh server process in the sandbox, with the
-session's workspace at /workspace; HTTP: a streamable HTTP session) and closes it at the end.
-Everything is bounded by one deadline: a slow or hung server is a ``timeout`` failure, never a
-worker stuck. What went wrong is classified into an ``McpFailure`` with a code the step records.
+A session's call of a stdio server goes to its long-lived server process (``mcp_app.pool``: one
+per session and server, in the sandbox with the session's workspace at /workspace); discovery, and
+every HTTP call, opens a connection of its own and closes it at the end. Everything is bounded by
+one deadline and by the step's cancellation: a slow or hung server is a ``timeout`` failure, a
+cancelled step a ``cancelled`` one, never a worker stuck. What went wrong is classified into an
+``McpFailure`` with a code the step records.
 """
 
 import hashlib
@@ -13,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import anyio
 import httpx
 import pydantic
 from mcp import ClientSession, McpError, types
@@ -22,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from agentops.domain import canonical_json
 from tools_app.sandbox import SandboxUnavailable
 
+from .pool import CallCancelled, StaleServer, call_pool
 from .stdio import StdioTrouble, sandboxed_stdio
 
 T = TypeVar("T")
@@ -61,10 +63,12 @@ def tool_sha256(tool: types.Tool) -> str:
 
 
 @asynccontextmanager
-async def _session(conn: ServerConnection, trouble: StdioTrouble) -> AsyncIterator[ClientSession]:
+async def _session(conn: ServerConnection, trouble: StdioTrouble, long_lived: bool = False) -> AsyncIterator[
+        ClientSession]:
     if conn.transport == "stdio":
         async with sandboxed_stdio(argv=conn.command, workspace=conn.workspace, mounts=conn.mounts, env=conn.env,
-                                   network=conn.network, timeout=conn.timeout, trouble=trouble) as (read, write), \
+                                   network=conn.network, timeout=conn.timeout, trouble=trouble,
+                                   long_lived=long_lived) as (read, write), \
                 ClientSession(read, write) as session:
             await session.initialize()
             yield session
@@ -77,19 +81,19 @@ async def _session(conn: ServerConnection, trouble: StdioTrouble) -> AsyncIterat
             yield session
 
 
-def _run(conn: ServerConnection, body: Callable[[ClientSession], Awaitable[T]]) -> T:
-    """Run ``body`` against the server under the deadline; classify every way it can fail."""
+def _run(conn: ServerConnection, body: Callable[[ClientSession], Awaitable[T]], *, session_id: str = "",
+         should_cancel: Callable[[], bool] | None = None) -> T:
+    """Run ``body`` against the server under the deadline (on the session's kept stdio process
+    when ``session_id`` is given); classify every way it can fail."""
     trouble = StdioTrouble()
-
-    async def main() -> T:
-        with anyio.fail_after(conn.timeout):
-            async with _session(conn, trouble) as session:
-                return await body(session)
-
     try:
-        return anyio.run(main)
+        return call_pool().run(conn, body, opener=_session, trouble=trouble, session_id=session_id,
+                               should_cancel=should_cancel)
     except McpFailure:
         raise
+    except CallCancelled as exc:
+        raise McpFailure("cancelled", f"The call to the MCP server {conn.name!r} was cancelled; the server was "
+                                      "told to stop it (notifications/cancelled).") from exc
     except TimeoutError as exc:
         raise McpFailure("timeout", f"The MCP server {conn.name!r} did not answer within {conn.timeout} s; "
                                     "the connection was closed.") from exc
@@ -172,8 +176,8 @@ def list_tools(conn: ServerConnection) -> list[types.Tool]:
     return _run(conn, _all_tools)
 
 
-def call_tool(conn: ServerConnection, *, remote_name: str, arguments: dict[str, Any],
-              expected_sha256: str) -> types.CallToolResult:
+def call_tool(conn: ServerConnection, *, remote_name: str, arguments: dict[str, Any], expected_sha256: str,
+              session_id: str = "", should_cancel: Callable[[], bool] | None = None) -> types.CallToolResult:
     """Call one tool, after checking that the server still declares it as it was discovered (a
     changed tool is refused: what a reviewer approved was the old one)."""
 
@@ -181,14 +185,14 @@ def call_tool(conn: ServerConnection, *, remote_name: str, arguments: dict[str, 
         listed = {t.name: t for t in await _all_tools(session)}
         tool = listed.get(remote_name)
         if tool is None:
-            raise McpFailure("mcp_tool_changed", f"The MCP server {conn.name!r} no longer lists the tool "
-                                                 f"{remote_name!r}; the call did not run.")
+            raise StaleServer(McpFailure("mcp_tool_changed", f"The MCP server {conn.name!r} no longer lists the "
+                                                             f"tool {remote_name!r}; the call did not run."))
         if tool_sha256(tool) != expected_sha256:
-            raise McpFailure("mcp_tool_changed", f"The MCP server {conn.name!r} changed the tool {remote_name!r} "
-                                                 "since it was discovered; the call did not run. An admin must "
-                                                 "refresh the server's tools.")
+            raise StaleServer(McpFailure(
+                "mcp_tool_changed", f"The MCP server {conn.name!r} changed the tool {remote_name!r} since it was "
+                                    "discovered; the call did not run. An admin must refresh the server's tools."))
         return await session.call_tool(remote_name, arguments)
 
-    return _run(conn, body)
+    return _run(conn, body, session_id=session_id, should_cancel=should_cancel)
 
 

@@ -1,5 +1,6 @@
 """The demo team's incident tracker: the MCP server shipped in ``mcp_app/demo`` registered over
-stdio (run in the sandbox per call), its tools discovered, and the modes an admin would pick."""
+stdio (run in the sandbox, one kept process per session), its tools discovered, and the modes an
+admin would pick."""
 
 import logging
 from pathlib import Path

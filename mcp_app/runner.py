@@ -1,18 +1,11 @@
 """The engine's runner for MCP tools (registered for ``ToolDefinition.kind == "mcp"``).
 
 It runs in the sandbox worker after the engine's gate, approval and claim, like any tool. Per
-call: check the team and the server, resolve secret references, connect (stdio: a fresh server
-process in the sandbox with the session's workspace; HTTP: a session with a deadline), check the
-tool is still what was discovered, call it, and turn the reply into a ToolResult. The server's
+call: check the team and the server, resolve secret references, connect (stdio: the session's
+long-lived server process in the sandbox, started at its first call, see ``mcp_app.pool``; HTTP:
+a session with a deadline), check the tool is still what was discovered, call it (cancelled on
+the server when the step is cancelled), and turn the reply into a ToolResult. The server's
 admin-visible status follows what the call saw.
-
-Why a fresh stdio process per call rather than a long-lived one per session or team: the process
-holds no state the engine cannot see, a crash or a hang costs exactly one call (never a stuck
-turn or a poisoned process shared by sessions), the sandbox of each call is the session's own
-workspace and network policy, and no process outlives the worker that claimed the step (a
-long-lived one would need its own supervisor, lease and recovery). The price is a start-up per
-call (≈0.3–1 s for a Python server) and no in-memory state across calls: servers keep state in
-the workspace or behind their own API. HTTP servers are long-lived by nature and keep theirs.
 """
 
 import logging
@@ -56,7 +49,8 @@ def _run(run: ToolRun) -> ToolResult:
         return ToolResult.failure("secret_unavailable", exc.message)
     try:
         reply = call_tool(conn, remote_name=tool.remote_name, arguments=run.arguments,
-                          expected_sha256=tool.schema_sha256)
+                          expected_sha256=tool.schema_sha256, session_id=run.session_id,
+                          should_cancel=run.should_cancel)
     except McpFailure as exc:
         log.warning("MCP %s.%s failed: %s %s", server.name, tool.remote_name, exc.code, exc.message)
         if exc.code == "mcp_tool_changed":

@@ -8,13 +8,26 @@ says ``host``), passes bwrap its data fds, and speaks newline-delimited JSON-RPC
 Inside, the worker's Python packages are visible read-only at ``SITE_MOUNT`` (``PYTHONPATH``), so a
 server written with the ``mcp`` SDK runs under the system ``python3``; they hold code, no secrets.
 A line on stdout that is not JSON-RPC ends the connection and is reported as a malformed reply.
+
+Host directories (site-packages, the server's ``mounts``) under a directory the sandbox uid
+cannot traverse (a checkout under a 0700 home): bwrap, already the sandbox uid, cannot open them
+(and ``--ro-bind-fd`` of a root-opened fd is refused inside its user namespace). A root worker
+therefore starts the chain in a private mount namespace (``unshare --mount``: the host's mount
+table is untouched) where it bind-mounts exactly those directories onto a fresh tmpfs under the
+workspace root, and bwrap binds them from there. Only the ancestors' modes are bypassed, for the
+directories an admin named: each file's own mode still applies to the sandbox uid. Passing the
+fd into the sandbox instead was rejected: ``..`` from a directory outside its root walks the
+whole host filesystem.
 """
 
 import contextlib
+import dataclasses
+import functools
 import os
 import re
 import shlex
 import signal
+import subprocess
 import sysconfig
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,22 +41,36 @@ from mcp.shared.message import SessionMessage
 
 from tools_app.builtin.command import policy_for
 from tools_app.sandbox import SandboxUnavailable
-from tools_app.sandbox.argv import bwrap_args, data_fd, drop_privileges_args, launcher_args, passwd_data
+from tools_app.sandbox.argv import HOST_SH, bwrap_args, data_fd, drop_privileges_args, launcher_args, passwd_data
 from tools_app.sandbox.backend import ensure_backend
 from tools_app.sandbox.cgroup import PidsCgroup, cgroup_parent
+from tools_app.sandbox.policy import SandboxPolicy
 from tools_app.sandbox.process import LAUNCHER_ENV
 from tools_app.sandbox.seccomp import seccomp_fd
+from tools_app.sandbox.workspace import workspace_root
 
 SITE_MOUNT = "/opt/agentops/site-packages"
 STDERR_KEEP = 4000
+UNSHARE = "/usr/bin/unshare"
+# A long-lived server's CPU budget (RLIMIT_CPU, for its whole life; past it the kernel ends it and
+# the next call starts a new one): a per-call server's is its call's deadline.
+LONG_LIVED_CPU_SECONDS = 3600
+# Run as root by unshare in its private mount namespace: a tmpfs on $1, then each host directory
+# up to "--" bind-mounted on $1/<i> (read-only), then exec the rest (the launcher chain).
+_STAGE = ('b="$1"; shift; mount -t tmpfs -o size=64k,mode=0755,nosuid,nodev agentops-binds "$b" || exit 125; '
+          'i=0; while [ "$1" != "--" ]; do mkdir "$b/$i" && mount --bind "$1" "$b/$i" '
+          '&& mount -o remount,bind,ro,nosuid,nodev "$b/$i" || exit 125; i=$((i+1)); shift; done; '
+          'shift; exec "$@"')
 
 
 @dataclass
 class StdioTrouble:
-    """What the transport saw go wrong, for the caller's error message."""
+    """What the transport saw go wrong, for the caller's error message. ``closed`` (when given)
+    is set once the server's stdout ended: a long-lived server that died is not reused."""
 
     malformed: str = ""
     stderr: bytearray = field(default_factory=bytearray)
+    closed: anyio.Event | None = None
 
     def stderr_tail(self) -> str:
         return self.stderr[-STDERR_KEEP:].decode("utf-8", "replace").strip()
@@ -68,23 +95,62 @@ def env_script(env: dict[str, str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _sandbox_argv(bwrap: str, *, argv: list[str], workspace: Path, mounts: list[str], network: str, timeout: int,
-                  fds: dict[str, int], cgroup: PidsCgroup | None, has_parent: bool) -> list[str]:
+def server_policy(*, timeout: int, network: str, long_lived: bool) -> SandboxPolicy:
     policy = policy_for(timeout_seconds=timeout, network=network)
+    return dataclasses.replace(policy, cpu_seconds=LONG_LIVED_CPU_SECONDS) if long_lived else policy
+
+
+@functools.cache
+def can_stage_binds() -> bool:
+    """Whether this (root) worker can make a private mount namespace; probed once per process."""
+    if os.geteuid() != 0 or not os.path.exists(UNSHARE):
+        return False
+    probe = subprocess.run([UNSHARE, "--mount", "--propagation", "private", "/bin/true"], capture_output=True,
+                           timeout=10, check=False)
+    return probe.returncode == 0
+
+
+def bind_stage_dir() -> Path:
+    """The mountpoint of the private tmpfs (root-owned, under the 0711 workspace root)."""
+    path = workspace_root() / ".mcp-binds"
+    path.mkdir(mode=0o755, exist_ok=True)
+    return path
+
+
+def _host_binds(mounts: list[str]) -> list[tuple[str, str]]:
+    """(host directory, path in the sandbox): site-packages, then the server's mounts."""
+    binds = [(sysconfig.get_paths()["purelib"], SITE_MOUNT)]
+    for mount in mounts:
+        real = os.path.realpath(str(mount))
+        if not os.path.isabs(str(mount)) or not os.path.isdir(real):
+            raise ValueError(f"mount {str(mount)[:200]!r} is not an absolute path to a directory")
+        binds.append((real, str(mount)))
+    return binds
+
+
+def _sandbox_argv(bwrap: str, *, argv: list[str], workspace: Path, mounts: list[str], policy: SandboxPolicy,
+                  fds: dict[str, int], cgroup: PidsCgroup | None, has_parent: bool) -> list[str]:
     args = bwrap_args(bwrap, workspace=workspace, cwd_rel="", policy=policy, passwd_fd=fds["passwd"],
                       group_fd=fds["group"], status_fd=fds["status"], seccomp_fd=fds["seccomp"],
                       command=f". {ENV_FILE} && exec {shlex.join(argv)}")
+    binds = _host_binds(mounts)
+    prefix: list[str] = []
+    if can_stage_binds():
+        stage = str(bind_stage_dir())
+        prefix = [UNSHARE, "--mount", "--propagation", "private", HOST_SH, "-c", _STAGE, "agentops-binds", stage,
+                  *(source for source, _ in binds), "--"]
+        binds = [(f"{stage}/{i}", target) for i, (_, target) in enumerate(binds)]
     # bwrap_args ends with /bin/sh -c COMMAND: the server's binds and environment go before it.
-    extra = ["--ro-bind", sysconfig.get_paths()["purelib"], SITE_MOUNT, "--setenv", "PYTHONPATH", SITE_MOUNT,
-             "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--ro-bind-data", str(fds["env"]), ENV_FILE]
-    for mount in mounts:
-        extra += ["--ro-bind", str(mount), str(mount)]
-    return launcher_args(policy, cgroup, has_parent) + drop_privileges_args() + args[:-3] + extra + args[-3:]
+    extra = ["--setenv", "PYTHONPATH", SITE_MOUNT, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+             "--ro-bind-data", str(fds["env"]), ENV_FILE]
+    for source, target in binds:
+        extra += ["--ro-bind", source, target]
+    return prefix + launcher_args(policy, cgroup, has_parent) + drop_privileges_args() + args[:-3] + extra + args[-3:]
 
 
 @contextlib.asynccontextmanager
 async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str], env: dict[str, str],
-                          network: str, timeout: int, trouble: StdioTrouble) -> AsyncIterator[
+                          network: str, timeout: int, trouble: StdioTrouble, long_lived: bool = False) -> AsyncIterator[
         tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]]:
     """Start the server in the sandbox; yield the (read, write) streams a ClientSession takes.
     The whole process tree is killed on exit, however the block ends (deadline, error, success)."""
@@ -92,9 +158,9 @@ async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str]
     if backend is None or backend.bwrap is None:
         raise SandboxUnavailable(f"MCP stdio servers need bubblewrap: {status.get('detail', 'no backend')}")
     script = env_script(env)  # refuses a bad environment before anything is created
+    policy = server_policy(timeout=timeout, network=network, long_lived=long_lived)
     parent = cgroup_parent()
-    cgroup = PidsCgroup(parent, 128, policy_for(timeout_seconds=timeout, network=network).memory_bytes) \
-        if parent else None
+    cgroup = PidsCgroup(parent, 128, policy.memory_bytes) if parent else None
     status_read, status_write = os.pipe()
     process: anyio.abc.Process | None = None
     try:
@@ -103,7 +169,7 @@ async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str]
                "env": data_fd(script)}
         try:
             full = _sandbox_argv(backend.bwrap, argv=argv, workspace=Path(os.path.realpath(workspace)),
-                                 mounts=mounts, network=network, timeout=timeout, fds=fds, cgroup=cgroup,
+                                 mounts=mounts, policy=policy, fds=fds, cgroup=cgroup,
                                  has_parent=parent is not None)
             process = await anyio.open_process(full, cwd="/", env=LAUNCHER_ENV, start_new_session=True,
                                                pass_fds=tuple(fds.values()))
@@ -139,6 +205,15 @@ def _kill(process: anyio.abc.Process, cgroup: PidsCgroup | None) -> None:
 
 
 async def _read_stdout(process: anyio.abc.Process, out: MemoryObjectSendStream[SessionMessage | Exception],
+                       trouble: StdioTrouble) -> None:
+    try:
+        await _pump_stdout(process, out, trouble)
+    finally:
+        if trouble.closed is not None:
+            trouble.closed.set()
+
+
+async def _pump_stdout(process: anyio.abc.Process, out: MemoryObjectSendStream[SessionMessage | Exception],
                        trouble: StdioTrouble) -> None:
     assert process.stdout is not None
     buffer = b""

@@ -30,6 +30,8 @@ class Client:
         self.last = 0
         self.latencies: list[float] = []
         self.split: list[tuple[float, float]] = []  # (created → announced, announced → received) ms
+        # created → committed → picked by the announcer → listeners checked → rendered → sent → received, ms
+        self.stages: list[list[float]] = []
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -44,8 +46,8 @@ class Client:
     def seqs(self) -> set[int]:
         return set(self.counts)
 
-    def receive(self, event: dict[str, Any], live_after: float, announced_at: float | None = None
-                ) -> dict[str, Any] | None:
+    def receive(self, event: dict[str, Any], live_after: float, announced_at: float | None = None,
+                stages: list[float] | None = None) -> dict[str, Any] | None:
         """Take one event; returns a resend request when it shows a gap."""
         received = self.last_message_at = time.time()
         seq = int(event.get("seq", 0))
@@ -64,6 +66,9 @@ class Client:
             self.latencies.append((received - created) * 1000)
             if announced_at is not None:  # the sender's share, and the server's and client's
                 self.split.append(((announced_at - created) * 1000, (received - announced_at) * 1000))
+                if stages and len(stages) == 4:  # the server's AGENTOPS_PUSH_TIMINGS
+                    marks = [created, *stages, announced_at, received]
+                    self.stages.append([(b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)])
         return ask
 
     async def run_ws(self, http: aiohttp.ClientSession, base: str) -> None:
@@ -81,7 +86,7 @@ class Client:
                             break
                         data = json.loads(message.data)
                         if data.get("type") == "event":
-                            ask = self.receive(data["event"], live_after, data.get("announced_at"))
+                            ask = self.receive(data["event"], live_after, data.get("announced_at"), data.get("stages"))
                             if ask is not None:
                                 await ws.send_json(ask)
                     self.ws = None
@@ -196,7 +201,8 @@ async def main() -> None:
                            "by_replay": c.by_replay,
                            "reconnects": c.reconnects, "errors": sorted(set(c.errors))[:3]} for c in clients],
               "latencies_ms": [x for c in clients for x in c.latencies],
-              "split_ms": [x for c in clients for x in c.split]}
+              "split_ms": [x for c in clients for x in c.split],
+              "stages_ms": [x for c in clients for x in c.stages]}
     print(json.dumps(report), flush=True)
 
 

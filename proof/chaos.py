@@ -237,11 +237,9 @@ def run(full: bool = False) -> Result:
     stack = Stack(database_url=url, workspaces=workspaces, extra_env={
         "AGENTOPS_SWEEP_SECONDS": "2", "AGENTOPS_LEASE_SECONDS": "10", "AGENTOPS_GATEWAY_RECLAIM_SECONDS": "5",
         "AGENTOPS_HTTP_ALLOWED_HOSTS": "127.0.0.1", "AGENTOPS_HTTP_ALLOW_PRIVATE": "true"},
-        # One web process (PROOF_CHAOS_WEB_PROCESSES to change it). With two, the WebSocket clients
-        # of the process that outlives a Redis restart got their session's tail neither live nor
-        # by resend (4 of 16 clients in the short form): an open bug of any daphne that outlives
-        # Redis, which the single process, killed with Redis in this schedule, does not meet.
-        web_processes=int(os.environ.get("PROOF_CHAOS_WEB_PROCESSES", "1")))
+        # Two web processes, as make run (PROOF_CHAOS_WEB_PROCESSES to change it): the one that
+        # outlives a Redis restart must keep its clients live (agentops.channel_layer).
+        web_processes=int(os.environ.get("PROOF_CHAOS_WEB_PROCESSES", "2")))
     watchers = None
     try:
         django_setup(url)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ BATCH_LIMIT = 200
 fragments_renderer: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
 _loop: asyncio.AbstractEventLoop | None = None
-_pending: "queue.Queue[dict[str, Any]]" = queue.Queue(maxsize=QUEUE_LIMIT)
+_pending: "queue.Queue[tuple[float, dict[str, Any]]]" = queue.Queue(maxsize=QUEUE_LIMIT)  # (committed at, event)
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
 
@@ -57,7 +58,8 @@ def _get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+async def _send_all(messages: list[tuple[str, dict[str, Any]]], stages: dict[int, list[float]] | None = None
+                    ) -> None:
     """One ``group_send`` per group, all groups at once: each costs four Redis round trips, and
     sent one after another they were most of an announcement's time under load. A group gets one
     message per batch (``_messages``), so its events stay in commit order."""
@@ -68,6 +70,8 @@ async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     for _, message in messages:  # when it left (clients can tell the sender's delay from the rest)
         for item in unbatch(message):
             item["announced_at"] = now
+            if stages is not None:  # AGENTOPS_PUSH_TIMINGS: [committed, picked, listened, rendered]
+                item["stages"] = stages.get(id(item["event"]), [])
     await asyncio.gather(*(layer.group_send(group, message) for group, message in messages))
 
 
@@ -133,19 +137,30 @@ async def _listened(groups: set[str]) -> set[str]:
         return groups
 
 
-def _send(events: list[dict[str, Any]], *, only_listened: bool = False) -> bool:
+def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
+          committed: list[float] | None = None) -> bool:
     loop = _get_loop()
+    picked = time.time()
     try:
         if only_listened:
             groups = {g for e in events for g in _groups_of(e)}
             listened = asyncio.run_coroutine_threadsafe(_listened(groups), loop).result(ANNOUNCE_TIMEOUT_SECONDS)
-            events = [e for e in events if any(g in listened for g in _groups_of(e))]
+            kept = [n for n, e in enumerate(events) if any(g in listened for g in _groups_of(e))]
+            events = [events[n] for n in kept]
+            committed = [committed[n] for n in kept] if committed is not None else None
             if not events:
                 return True
     except Exception as exc:
         log.warning("checking listeners failed: %s", exc)
         return False
-    future = asyncio.run_coroutine_threadsafe(_send_all(_messages(events, _render(events))), loop)
+    checked = time.time()
+    htmls = _render(events)
+    stages = None
+    if getattr(settings, "AGENTOPS_PUSH_TIMINGS", False):  # where an announcement's time goes (proof/load.py)
+        rendered = time.time()
+        stages = {id(e): [committed[n] if committed else picked, picked, checked, rendered]
+                  for n, e in enumerate(events)}
+    future = asyncio.run_coroutine_threadsafe(_send_all(_messages(events, htmls), stages), loop)
     try:
         future.result(timeout=ANNOUNCE_TIMEOUT_SECONDS)
         return True
@@ -175,7 +190,7 @@ def _run() -> None:
             except queue.Empty:
                 break
         close_old_connections()
-        _send(batch, only_listened=True)
+        _send([event for _, event in batch], only_listened=True, committed=[at for at, _ in batch])
 
 
 def announce_later(event: dict[str, Any]) -> None:
@@ -186,7 +201,7 @@ def announce_later(event: dict[str, Any]) -> None:
             _worker = threading.Thread(target=_run, name="event-announcer", daemon=True)
             _worker.start()
     try:
-        _pending.put_nowait(event)
+        _pending.put_nowait((time.time(), event))
     except queue.Full:
         log.warning("announcement queue full: event %s/%s left to gap replay", event.get("session_id"),
                     event.get("seq"))

@@ -105,6 +105,8 @@ class SessionConsumer(JsonConsumer):
         live = {"type": "event", "event": message["event"], "html": message.get("html", "")}
         if "announced_at" in message:  # the sender's clock when it sent it (a measure, never a state)
             live["announced_at"] = message["announced_at"]
+        if "stages" in message:  # AGENTOPS_PUSH_TIMINGS: the sender's stages (committed, picked, listened, rendered)
+            live["stages"] = message["stages"]
         async for out in self.feed.live(live):
             await self.send_json(out)
 
@@ -112,4 +114,12 @@ class SessionConsumer(JsonConsumer):
         """Several events of the session from one announcement, in seq order: each forwarded."""
         for item in unbatch(message):
             await self.event_message(item)
+
+    async def layer_rejoined(self, message: dict[str, Any]) -> None:
+        """Redis lost the groups and the layer joined ours again (``agentops.channel_layer``):
+        what was committed meanwhile reached nobody, so read it from the database."""
+        if self.feed is None:
+            return  # the hello's backlog will read it
+        async for out in self.feed.backlog():
+            await self.send_json(out)
 

@@ -386,11 +386,13 @@ def _started_event(step: Step, event_type: str, extra: Mapping[str, Any] | None 
 
 @joins_transaction
 def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: float, event_type: str,
-               event_payload: Mapping[str, Any] | None = None, known: Step | None = None) -> Step | None:
+               event_payload: Mapping[str, Any] | None = None, known: Step | None = None,
+               owner: str | None = None) -> Step | None:
     """``from_status`` → running with a lease, by a conditional update: exactly one caller wins.
 
     A redelivered or duplicated task finds the step no longer in ``from_status`` and gets None.
     ``known`` is the row as the caller read it: its fields, but not its status, are trusted.
+    ``owner`` names the lease's holder when it is not this worker (a customer runner's poll).
     """
     Step(status=from_status).ensure_can_move_to(Step.Status.RUNNING)
     session_id = known.session_id if known is not None else (
@@ -399,7 +401,7 @@ def step_claim(*, step_id: uuid.UUID | str, from_status: str, lease_seconds: flo
         return None
     session_lock(session_id)
     now = timezone.now()
-    owner, lease = worker_id(), now + timedelta(seconds=lease_seconds)
+    owner, lease = owner or worker_id(), now + timedelta(seconds=lease_seconds)
     claimed = Step.objects.filter(pk=step_id, status=from_status).update(
         status=Step.Status.RUNNING, lease_owner=owner, lease_expires_at=lease,
         attempts=F("attempts") + 1, started_at=now, updated_at=now)

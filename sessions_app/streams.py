@@ -26,6 +26,7 @@ from uuid import UUID
 from channels.layers import get_channel_layer
 
 from agentops.asyncdb import database_read
+from agentops.channel_layer import REJOINED
 from sessions_app import selectors
 from sessions_app.announce import session_group, unbatch
 
@@ -160,6 +161,10 @@ async def session_events(session_id: UUID, after: int, *, max_seconds: float | N
                 received = await asyncio.wait_for(layer.receive(channel), timeout=max(0.01, timeout))
             except TimeoutError:
                 yield None
+                continue
+            if received.get("type") == REJOINED:  # Redis lost the groups: read what reached nobody
+                async for message in feed.backlog():
+                    yield message["event"]
                 continue
             for item in unbatch(received):  # an announcement may carry several events
                 async for message in feed.live(item):

@@ -262,9 +262,9 @@ def tool_step_rebind(*, step: Step, approval: ApprovalRequest) -> None:
 
 
 @joins_transaction
-def tool_step_claim(step: Step) -> ApprovalRequest | None:
-    """approved → running with a lease, consuming its approval (only a step a reviewer was asked
-    about has one) in the same transaction. Returns the approval.
+def tool_step_claim(step: Step, *, owner: str | None = None) -> ApprovalRequest | None:
+    """approved → running with a lease (held by ``owner``, this worker by default), consuming its
+    approval (only a step a reviewer was asked about has one) in the same transaction. Returns the approval.
 
     Raises Conflict, after which the caller must roll back, when the approval was consumed already
     (a previous attempt ran it: never run it twice; the sweeper checks what really happened) or
@@ -282,7 +282,7 @@ def tool_step_claim(step: Step) -> ApprovalRequest | None:
     tool = tool_definitions_by_name().get(step.tool_name)
     claimed = step_claim(step_id=step.id, from_status=Step.Status.APPROVED,
                          lease_seconds=lease_seconds_for(tool.timeout_seconds if tool else 60),
-                         event_type="tool.started", known=step)
+                         event_type="tool.started", known=step, owner=owner)
     if claimed is None:
         raise Conflict(f"Step {step.id} is no longer approved", code="claim_lost")
     return approval

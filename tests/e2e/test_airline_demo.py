@@ -1,8 +1,8 @@
 """The airline rebooking desk from the dashboard: the operator starts the demo's batch in one click
 on the Batches page, the cases run in parallel with two subagents each, and the reviewer approves the final
-rebooking on a page that shows the passengers, flights and seats. Screenshots go to docs/screenshots."""
+rebooking on a page that shows the passengers, flights and seats. Screenshots go to tests/e2e/screenshots
+(untracked); the README's copies in docs/screenshots are refreshed from there on purpose."""
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +14,10 @@ from fanout_app.models import Batch, SubagentLink
 from scripted_model.scenarios_airline import AIRLINE_CASES
 from sessions_app.models import Turn
 from tests import factories
-from tests.e2e.conftest import Stack, World, login, watch_console
+from tests.e2e.conftest import SCREENSHOTS, Stack, World, login, watch_console
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def _pending(tool: str, n: int) -> list[ApprovalRequest]:
@@ -48,14 +47,14 @@ def test_airline_demo_from_the_dashboard_to_the_reviewers_final_approval(browser
                             seen_hash=approval.arguments_sha256)
     rebookings = _pending("rebook_passengers", 2)
     operator.wait_for_selector("#batch-counts dd[data-count=approvals]:has-text('2')")
-    DOCS.mkdir(parents=True, exist_ok=True)
-    operator.screenshot(path=str(DOCS / "airline-batch.png"), full_page=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    operator.screenshot(path=str(SCREENSHOTS / "airline-batch.png"), full_page=True)
 
     family = Turn.objects.get(session__batch_member__batch=batch, input__contains="FAM-4")
     operator.goto(f"{stack.url}/sessions/{family.session_id}/")
     operator.wait_for_selector(f"#subagents-{family.session_id} .child-card")
     assert len(operator.query_selector_all(f"#subagents-{family.session_id} .child-card")) == 2
-    operator.screenshot(path=str(DOCS / "airline-session.png"), full_page=True)
+    operator.screenshot(path=str(SCREENSHOTS / "airline-session.png"), full_page=True)
 
     reviewer = login(browser, stack, "reviewer", viewport={"width": 1280, "height": 900})
     for approval in rebookings:
@@ -64,7 +63,7 @@ def test_airline_demo_from_the_dashboard_to_the_reviewers_final_approval(browser
         facts = reviewer.inner_text("#rebooking")
         if approval.arguments["case"] == "FAM-4":
             assert "Sofia Ruiz" in table and "14C" in table and "DL 2290" in facts and "UA 100" in facts
-            reviewer.screenshot(path=str(DOCS / "airline-rebooking-approval.png"), full_page=True)
+            reviewer.screenshot(path=str(SCREENSHOTS / "airline-rebooking-approval.png"), full_page=True)
         reviewer.click("#approve-form button[value=approve]")
         reviewer.wait_for_url(f"{stack.url}/approvals/")
     def all_done() -> list[Turn] | None:

@@ -1,13 +1,19 @@
 """A customer runner (``python -m agentops.runner``, a separate process with no database or broker
 settings) talking HTTP to a real daphne: it runs its team's approved commands in its own sandbox,
 a result re-sent after a reconnect is recorded once, a tampered job is refused, a revoked runner is
-refused at once."""
+refused at once. Mid-command failures: its connection cut while the command runs (the server
+records the result, the runner never hears back and sends it again) → one result; the runner
+SIGKILLed mid-command and started again → the sweeper asks it for the workspace manifest and, the
+workspace having changed, a reviewer decides."""
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,10 +30,12 @@ from agentops.runner.protocol import JobRefused, sign, signing_key, spec_sha256,
 from approvals_app.models import ApprovalRequest
 from hosts_app.models import AgentHostPolicy, RunnerResult, SessionPlacement
 from sessions_app.engine.commands import session_start, turn_submit
+from sessions_app.engine.recovery import sweep
 from sessions_app.models import Artifact, Event, Step
 from tests.e2e.conftest import ROOT, SCREENSHOTS, Stack, World, login
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.waiting import wait_for
+from tools_app.models import ToolDefinition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -41,17 +49,74 @@ def approve(reviewer: User, approval: ApprovalRequest) -> None:
     assert response.status_code == 200, response.content
 
 
+@pytest.fixture
+def stack_env() -> dict[str, str]:
+    return {"AGENTOPS_LEASE_SECONDS": "2"}  # a lease is the tool's timeout plus this
+
+
+class CuttableProxy:
+    """A loopback TCP proxy in front of daphne. While ``cut`` is set, every request still reaches
+    the server but the first byte of its answer closes the runner's connection: the runner sees
+    the connection drop and never learns what the server did."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers and self.cut.is_set():
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):  # shutdown, not just close: it wakes the other direction's recv
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
+@pytest.fixture
+def proxy(stack: Stack) -> Iterator[CuttableProxy]:
+    p = CuttableProxy(stack.web_port)
+    yield p
+    p.close()
+
+
 class RunnerProcs:
     def __init__(self, stack: Stack, token: str, workdir: Path) -> None:
         self.stack, self.token, self.workdir = stack, token, workdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, **env: str) -> subprocess.Popen[bytes]:
+    def start(self, url: str | None = None, **env: str) -> subprocess.Popen[bytes]:
         # Nothing of the server's: no database, no broker, no Django settings module.
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS", "DJANGO",
                                                                            "CELERY"))}
         log = (self.stack.logs / f"runner-{len(self.procs)}.log").open("ab")
-        proc = subprocess.Popen([sys.executable, "-m", "agentops.runner", "--url", self.stack.url, "--token",
+        proc = subprocess.Popen([sys.executable, "-m", "agentops.runner", "--url", url or self.stack.url, "--token",
                                  self.token, "--workdir", str(self.workdir), "--wait", "5"],
                                 cwd=ROOT, env={**clean, **env}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -185,3 +250,67 @@ def test_hosts_page_shows_each_host_with_status_load_and_self_test(
     assert "online" in gpu.inner_text() and "gpu" in gpu.inner_text() and "ok · bubblewrap" in gpu.inner_text()
     assert "runner · default" in runner.inner_text() and "online" in runner.inner_text()
     page.screenshot(path=str(SCREENSHOTS / "hosts.png"), full_page=True)
+
+
+def test_runner_cut_off_mid_command_delivers_its_result_once(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str], proxy: CuttableProxy) -> None:
+    procs, _token = runner_setup
+    procs.start(url=proxy.url)
+    wait_for(lambda: _online("cust-1"), 60, "the runner online (through the proxy)")
+    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
+        tool("run_command", command="touch started; sleep 3; echo ran >> runs.txt; echo done-once"),
+        "say {results}"))
+    assert turn is not None
+    (approval,) = pending_approvals(turn, timeout=60)
+    approve(world.reviewer, approval)
+    step = Step.objects.get(turn=turn, kind="tool")
+    started = procs.workdir / "workspaces" / str(session.id) / "started"
+    wait_for(lambda: started.exists() or None, 60, "the command to start on the runner")
+    proxy.cut.set()  # mid-command: from now on the runner hears nothing back
+    # The command ends; the server records the result, the runner's connection drops, it sends again.
+    wait_for(lambda: RunnerResult.objects.filter(step=step, deliveries__gte=2).exists() or None, 60,
+             "the result recorded and sent again")
+    assert Step.objects.get(pk=step.pk).status == "completed"
+    proxy.cut.clear()  # reconnected: the next re-send is acknowledged and the runner forgets it
+    pending = procs.workdir / "pending-results"
+    wait_for(lambda: not any(pending.glob("*.json")) or None, 60, "the runner's kept result acknowledged")
+    turn = finished(turn, timeout=60)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    assert RunnerResult.objects.filter(step=step).count() == 1
+    assert Event.objects.filter(step=step, type="tool.completed").count() == 1
+    step.refresh_from_db()
+    assert (step.result or {})["output"].count("done-once") == 1
+    runs = procs.workdir / "workspaces" / str(session.id) / "runs.txt"
+    assert runs.read_text() == "ran\n"  # it ran once
+
+
+def test_runner_killed_mid_command_is_asked_for_its_manifest_when_back(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
+    procs, _token = runner_setup
+    ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=3)
+    procs.start()
+    wait_for(lambda: _online("cust-1"), 60, "the runner online")
+    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
+        tool("run_command", command="echo changed > changed.txt; sleep 2"), "say {results}"))
+    assert turn is not None
+    (approval,) = pending_approvals(turn, timeout=60)
+    approve(world.reviewer, approval)
+    marker = procs.workdir / "workspaces" / str(session.id) / "changed.txt"
+    wait_for(lambda: marker.exists() or None, 60, "the command to start on the runner")
+    procs.kill_all()  # SIGKILL, mid-command: no result will ever come
+    step = Step.objects.get(turn=turn, kind="tool")
+    assert Step.objects.get(pk=step.pk).status == "running"
+    assert (procs.workdir / "manifests" / f"{step.id}.json").exists()  # saved before the command ran
+    procs.start()  # the runner is back (same work directory); its lease runs out (timeout 3 s + 2 s)
+    wait_for(lambda: _online("cust-1"), 60, "the runner online again")
+
+    def swept_into_doubt() -> bool | None:
+        sweep()  # the sweeper (Celery beat in production): the lease ran out → ask the runner
+        return Step.objects.get(pk=step.pk).status == "in_doubt" or None
+
+    wait_for(swept_into_doubt, 60, "the manifest check on the runner")
+    assert Event.objects.filter(step=step, type="host.manifest_check", payload__host="cust-1").exists()
+    assert Event.objects.filter(step=step, type="step.recovered", payload__checked_on_host=True,
+                                payload__outcome="in_doubt").exists()
+    assert ApprovalRequest.objects.filter(step=step, kind="recovery", status="pending").exists()
+    assert not RunnerResult.objects.filter(step=step).exists()

@@ -7,12 +7,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from agentops import dispatch
+from agentops.runner.protocol import verify_job
 from hosts_app import hooks, runners
 from hosts_app.models import AgentHostPolicy, SandboxHost, SessionPlacement
-from hosts_app.services import host_heartbeat, hosts_mark_offline, session_pin
-from sessions_app.models import Event
+from hosts_app.services import WAKE_REVOKED, host_heartbeat, hosts_mark_offline, session_pin, wake_key
+from sessions_app.models import Event, Step
 from tests import factories
 from tests.helpers import api_client
+from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db
 
@@ -119,3 +122,40 @@ def test_host_list_api_costs_the_same_queries_for_more_hosts(operator: User,
     runners.runner_create(team=factories.team(), name="cust", actor=operator)
     with django_assert_num_queries(len(first.captured_queries)):
         assert len(client.get("/api/hosts").json()) == 4
+
+
+def test_a_woken_poll_claims_the_step_it_names_for_its_own_sessions_only(operator: User) -> None:
+    tool_definitions_seed()
+    mine, _ = runners.runner_create(team=factories.team(), name="mine", actor=operator)
+    theirs, _ = runners.runner_create(team=factories.team(), name="theirs", actor=operator)
+    steps = {}
+    for runner in (mine, theirs):
+        session = factories.session(owner=operator)
+        SessionPlacement.objects.create(session=session, host=runner)
+        steps[runner.name] = factories.step(factories.turn(session), tool_name="run_command", status="approved",
+                                            approval_mode="safe_readonly", arguments={"command": "true"})
+    # Woken with the other runner's step: nothing is claimed, that step stays approved.
+    assert runners.runner_woken_job(host=mine, message=str(steps["theirs"].id)) is None
+    assert Step.objects.get(pk=steps["theirs"].pk).status == "approved"
+    envelope = runners.runner_woken_job(host=mine, message=str(steps["mine"].id))
+    assert envelope is not None and envelope["job"]["step_id"] == str(steps["mine"].id)
+    assert verify_ok(envelope, mine)
+    claimed = Step.objects.get(pk=steps["mine"].pk)
+    assert claimed.status == "running" and claimed.lease_owner == "runner:mine"  # in the claim itself
+    assert runners.runner_woken_job(host=mine, message=str(steps["mine"].id)) is None  # claimed once
+    # Any other word looks at everything (here: nothing left for this runner).
+    assert runners.runner_woken_job(host=mine, message="look") is None
+
+
+def verify_ok(envelope: dict[str, Any], runner: SandboxHost) -> bool:
+    verify_job(key=runner.signing_key, runner=runner.name, job=envelope["job"], signature=envelope["signature"])
+    return True
+
+
+def test_revoking_a_runner_wakes_its_long_poll(operator: User, django_capture_on_commit_callbacks: Any) -> None:
+    runner, _ = runners.runner_create(team=factories.team(), name="gone", actor=operator)
+    client = dispatch.redis_client()
+    client.delete(wake_key("gone"))
+    with django_capture_on_commit_callbacks(execute=True):
+        runners.runner_revoke(name="gone", actor=operator)
+    assert client.lrange(wake_key("gone"), 0, -1) == [WAKE_REVOKED.encode()]

@@ -1,5 +1,6 @@
 """Real MCP servers for the tests: the fixture server (``fixture_server.py``) over stdio, run by
-agentops inside the sandbox per call, and over streamable HTTP as a process the test starts."""
+agentops inside the sandbox (a kept process per session), and over streamable HTTP as a process
+the test starts."""
 
 import os
 import socket
@@ -14,6 +15,7 @@ import pytest
 from django.conf import settings
 
 from mcp_app.models import McpServer
+from mcp_app.pool import call_pool
 from tests import factories
 from tools_app.sandbox import sandbox_status
 
@@ -32,6 +34,13 @@ class FixtureDirs:
             path.touch()
         else:
             path.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _stop_kept_servers() -> Iterator[None]:
+    """A kept server process outlives its call by design: none outlives its test."""
+    yield
+    call_pool().stop_all()
 
 
 @pytest.fixture

@@ -1,23 +1,28 @@
 """An MCP server for the tests, standalone (only the ``mcp`` package), over stdio or streamable HTTP.
 
-``note``'s text picks a misbehaviour: ``__slow__`` sleeps 30 s, ``__malformed__`` writes a line
-that is not JSON-RPC, ``__crash__`` kills the process after its effect. The flag file
-``schema_v2`` in ``MCP_FIXTURE_FLAGS`` (read at start-up: a stdio server, started per call, sees a
-change at its next call) makes ``note`` gain a ``priority``. ``note`` appends to ``notes.log``
-in ``MCP_FIXTURE_NOTES`` (default: the working directory, /workspace under the sandbox): the
-effect the exactly-once tests count.
+``note``'s text picks a misbehaviour: ``__slow__`` waits 30 s (noted in ``started.log``; a
+cancelled wait is written to ``cancelled.log``), ``__stuck__`` blocks its process 30 s (ignores
+cancellation), ``__malformed__`` writes a line that is not JSON-RPC, ``__crash__`` kills the
+process after its effect. The flag file ``schema_v2`` in ``MCP_FIXTURE_FLAGS`` (read at start-up:
+a kept stdio server sees it once restarted) makes ``note`` gain a ``priority``. ``whoami`` names
+the process (``boot``: random at start-up), so a test can tell a kept process from a new one.
+``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the working directory,
+/workspace under the sandbox): the effect the exactly-once tests count.
 """
 
 import base64
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from mcp.server.fastmcp import FastMCP
+import anyio
+from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ImageContent, TextContent, ToolAnnotations
 
+BOOT = uuid.uuid4().hex
 FLAGS = Path(os.environ.get("MCP_FIXTURE_FLAGS", "."))
 NOTES = Path(os.environ.get("MCP_FIXTURE_NOTES", "."))
 # A 1×1 PNG.
@@ -38,9 +43,13 @@ def lookup(key: str) -> dict[str, Any]:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def whoami() -> dict[str, Any]:
-    """Where the server runs: its working directory and the FIXTURE_TOKEN it was given."""
-    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid()}
+def whoami(ctx: Context) -> dict[str, Any]:
+    """Where the server runs: its working directory, the FIXTURE_TOKEN it was given and (over HTTP)
+    the Authorization header it was sent (a careless server that echoes its credentials)."""
+    request = getattr(ctx.request_context, "request", None)
+    auth = request.headers.get("authorization", "") if request is not None else ""
+    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid(), "boot": BOOT,
+            "auth": auth}
 
 
 @server.tool()
@@ -52,18 +61,27 @@ def snapshot() -> list[Any]:
 
 if _flag("schema_v2"):
     @server.tool(name="note")
-    def note_v2(text: str, priority: int = 1) -> str:
+    async def note_v2(text: str, priority: int = 1) -> str:
         """Append a note with a priority (changes state)."""
-        return _note(f"{priority}:{text}")
+        return await _note(f"{priority}:{text}")
 else:
     @server.tool(name="note")
-    def note_v1(text: str) -> str:
+    async def note_v1(text: str) -> str:
         """Append a note (changes state)."""
-        return _note(text)
+        return await _note(text)
 
 
-def _note(text: str) -> str:
+async def _note(text: str) -> str:
     if text.endswith("__slow__"):
+        with (NOTES / "started.log").open("a") as log:
+            log.write(text + "\n")
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            with (NOTES / "cancelled.log").open("a") as log:
+                log.write(text + "\n")
+            raise
+    if text.endswith("__stuck__"):
         time.sleep(30)
     if text.endswith("__malformed__"):
         sys.stdout.write("this is not json-rpc\n")

@@ -2,6 +2,7 @@
 real MCP servers (stdio in the sandbox, streamable HTTP in its own process)."""
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,36 @@ def session_events(session: AgentSession, type_: str) -> list[str]:
     return [e.payload.get("request_id", "") for e in Event.objects.filter(session=session, type=type_)]
 
 
+
+
+def test_mcp_call_in_flight_is_cancelled_with_the_session(
+        engine_agent: AgentProfile, people: tuple[User, User], stdio_server: McpServer) -> None:
+    """Cancelling the session while an MCP call runs: the server is told (notifications/cancelled),
+    the worker lets go within seconds (the server would take 30 s, its deadline is 20 s), the step
+    and the turn end cancelled, and the late result is dropped, not recorded."""
+    discovered(stdio_server, engine_agent, note=ApprovalMode.SAFE_READONLY)
+    session, turn = start(engine_agent, people[0], script(tool("fx__note", text="__slow__"), "say {results}"))
+    deadline = time.monotonic() + 90
+    while True:  # until the server is inside the call (the workspace is made by the first tool call)
+        workspace = Path(AgentSession.objects.get(pk=session.pk).workspace or "/nonexistent")
+        if (workspace / "started.log").exists():
+            break
+        assert time.monotonic() < deadline, "the MCP call never started"
+        time.sleep(0.1)
+    client = Client()
+    client.force_login(people[0])
+    cancelled_at = time.monotonic()
+    assert client.post(f"/api/sessions/{session.id}/cancel").status_code == 200
+    step = the_step(turn, "fx__note")
+    while not Event.objects.filter(step=step, type="tool.result_dropped").exists():
+        assert time.monotonic() - cancelled_at < 15, "the worker did not let go of the cancelled call"
+        time.sleep(0.1)
+    let_go = time.monotonic() - cancelled_at
+    assert (workspace / "cancelled.log").read_text() == "__slow__\n"
+    assert not (workspace / "notes.log").exists()
+    turn.refresh_from_db()
+    step.refresh_from_db()
+    assert turn.status == "cancelled" and step.status == "cancelled"
+    print(f"\nMCP call cancelled: worker let go {let_go:.2f} s after the cancel "
+          f"(load {Path('/proc/loadavg').read_text().split()[:3]})")
+    assert_gap_free(session.id)

@@ -1,10 +1,11 @@
-"""The leak test: a full run through a real worker, bubblewrap and PostgreSQL that uses a secret
-in an ``http_request`` header and in a ``run_command`` environment variable, with a command that
-prints it (plain, base64, hex) and writes it into a published file, and a status API that echoes
-it back. Then every row of every table (all columns, text-cast), every API response and page the
-run produced, the captured logs, the model's request log and the stored artifacts are scanned for
-the value and its base64 / hex forms: 0 hits. Also: a call naming a secret its tool may not use,
-an unknown or an expired one is refused before anything runs."""
+"""The leak test: a full run through a real worker, bubblewrap and PostgreSQL that uses a secret in an
+``http_request`` header and in a ``run_command`` environment variable, with a command that prints it
+(plain, base64, hex) and writes it into a published file, and a status API that echoes it back; and
+in an MCP server's env (stdio, in the sandbox) and an MCP server's header (streamable HTTP), both
+servers echoing it in their results. Then every row of every table (all columns, text-cast), every
+API response and page the run produced, the captured logs, the model's request log and the stored
+artifacts are scanned for the value and its base64 / hex forms: 0 hits. Also: a call naming a secret
+its tool may not use, an unknown or an expired one is refused before anything runs."""
 
 import base64
 import http.server
@@ -23,11 +24,15 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals_app.models import ApprovalRequest
+from mcp_app.models import McpServer
+from mcp_app.pool import call_pool
+from mcp_app.services import mcp_server_refresh
 from sessions_app.engine.commands import session_start
 from sessions_app.models import AgentProfile, Artifact, Step
 from tests import factories
 from tests.helpers import api_client, finished, pending_approvals, script, tool
-from tools_app.models import ToolDefinition
+from tests.mcp_app.conftest import FIXTURE, HERE, fixture_dirs, http_server_process  # noqa: F401 - fixtures
+from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
 from vault_app.models import Secret
 from vault_app.services import secret_create
@@ -85,7 +90,7 @@ def vault_world(settings, engine_agent: AgentProfile) -> tuple[User, User, User]
     tool_definitions_cache_clear()
     team_id = engine_agent.team_id
     secret_create(actor=admin, team_id=team_id, name="status_token", value=VALUE,
-                  allowed_tools=["http_request", "run_command"])
+                  allowed_tools=["http_request", "run_command", "mcp:fx", "mcp:fxh"])
     secret_create(actor=admin, team_id=team_id, name="cmd_only", value="cmd-only-0123456789",
                   allowed_tools=["run_command"])
     secret_create(actor=admin, team_id=team_id, name="old_token", value="old-token-0123456789",
@@ -109,9 +114,31 @@ COMMAND = ('echo "token=$STATUS_TOKEN"; printf %s "$STATUS_TOKEN" | base64; echo
            'mkdir -p outputs && echo "leaked: $STATUS_TOKEN" > outputs/leak.txt')
 
 
+@pytest.fixture
+def mcp_servers(engine_agent: AgentProfile, fixture_dirs: Any, http_server_process: str) -> Iterator[None]:  # noqa: F811
+    """The MCP fixture server over stdio with the secret in its env, and over streamable HTTP
+    with it in an Authorization header; their read-only ``whoami`` echoes both back."""
+    stdio = McpServer.objects.create(
+        team_id=engine_agent.team_id, name="fx", transport=McpServer.Transport.STDIO,
+        command=["python3", str(FIXTURE)], mounts=[str(HERE), str(fixture_dirs.flags)],
+        env={"MCP_FIXTURE_FLAGS": str(fixture_dirs.flags), "FIXTURE_TOKEN": "{{secret:status_token}}"},
+        timeout_seconds=30)
+    http = McpServer.objects.create(team_id=engine_agent.team_id, name="fxh", transport=McpServer.Transport.HTTP,
+                                    url=http_server_process, timeout_seconds=10,
+                                    headers={"Authorization": "Bearer {{secret:status_token}}"})
+    for server in (stdio, http):
+        assert mcp_server_refresh(server_id=server.id).error == ""
+    ToolDefinition.objects.filter(name__in=["fx__whoami", "fxh__whoami"]).update(
+        approval_mode=ApprovalMode.SAFE_READONLY)
+    engine_agent.tools.add(*ToolDefinition.objects.filter(name__in=["fx__whoami", "fxh__whoami"]))
+    tool_definitions_cache_clear()
+    yield
+    call_pool().stop_all()
+
+
 def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User], engine_agent: AgentProfile,
                                              status_api: tuple[int, list[str]], scripted_model: Any,
-                                             caplog: pytest.LogCaptureFixture,
+                                             mcp_servers: None, caplog: pytest.LogCaptureFixture,
                                              capfd: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.INFO)
     admin, operator, reviewer = vault_world
@@ -121,6 +148,7 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
         tool("http_request", url=url, headers={"Authorization": "Bearer {{secret:status_token}}"}),
         tool("run_command", command=COMMAND),
         tool("read_file", path="outputs/leak.txt"),
+        tool("fx__whoami"), tool("fxh__whoami"),
         "All checked."))
     assert turn is not None
     (http_approval,) = pending_approvals(turn)
@@ -149,6 +177,10 @@ def test_secret_run_leaves_no_trace_anywhere(vault_world: tuple[User, User, User
     out = results["run_command"]["output"]
     assert "token=[secret:status_token]" in out and out.count("[secret:status_token]") >= 4, out
     assert "leaked: [secret:status_token]" in results["read_file"]["output"]
+    # The MCP servers got the value (env, header) and echoed it: stored redacted.
+    assert results["fx__whoami"]["data"]["structured"]["token"] == "[secret:status_token]", results["fx__whoami"]
+    assert results["fxh__whoami"]["data"]["structured"]["auth"] == "Bearer [secret:status_token]", \
+        results["fxh__whoami"]
     artifact = Artifact.objects.get(session=session, path="outputs/leak.txt")
     with storages["artifacts"].open(artifact.storage_path) as stored:
         assert stored.read() == b"leaked: [secret:status_token]\n"
