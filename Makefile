@@ -21,16 +21,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 
+# The suite runs in PYTEST_WORKERS pytest-xdist processes (each with its own test database, Redis
+# database, workspace roots and scripted model: tests/conftest.py); most tests wait on workers,
+# daphne or the browser, so more processes than cores pay. `make test PYTEST_WORKERS=0` runs it in
+# one process; PYTEST_ARGS adds arguments (e.g. a path, -x).
+PYTEST_WORKERS ?= 3
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
-	$(BIN)/python -m agentops.embedded_redis -- $(BIN)/pytest --ignore=$(MULTI_HOST) $(PYTEST_ARGS)
-	$(BIN)/python -m agentops.embedded_redis -- $(BIN)/pytest $(MULTI_HOST)
-
-# The two-host tests start their own engine, gateway and host workers on the suite's broker; in the
-# same pytest process as the session-scoped worker and gateway (which consume the same queues) they
-# time out, so they run in a pytest process of their own (the interference is an open issue: #16).
-MULTI_HOST := tests/hosts_app/test_multi_host.py
+	$(BIN)/python -m agentops.embedded_redis -- $(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The proofs (issue 13): short form (< 5 min, for CI) or `make proof FULL=1`. They need a
 # PostgreSQL server (DATABASE_URL's; each proof makes a database of its own there).

@@ -17,7 +17,32 @@ from django.db import connections
 
 from scripted_model.server import ScriptedModelServer
 from tests import factories
-from tests.helpers import ROOT, WorkerFactory, database_url
+from tests.helpers import ROOT, WorkerFactory, database_url, redis_url_of_worker
+
+
+def _isolate_xdist_worker() -> None:
+    """Under pytest-xdist, each worker process gets a Redis database of its own (REDIS_URL's number
+    plus the worker's index), so Celery queues, the gateway's stream and consumer group, Channels
+    groups and kick markers never cross between workers. pytest-django already gives each worker
+    its own test database (``_gw<N>``); workspace roots, artifact directories and the scripted model's
+    port are per process anyway. Settings are read before conftest is imported, so they are set
+    here too; the processes a test starts inherit the environment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    url = redis_url_of_worker(settings.REDIS_URL, worker)
+    if settings.CELERY_BROKER_URL == settings.REDIS_URL:
+        settings.CELERY_BROKER_URL = url
+        os.environ.pop("CELERY_BROKER_URL", None)
+    os.environ["REDIS_URL"] = settings.REDIS_URL = url
+    for layer in settings.CHANNEL_LAYERS.values():
+        layer["CONFIG"] = {**dict(layer.get("CONFIG") or {}), "hosts": [url]}  # type: ignore[arg-type]
+    from agentops.celery import app
+
+    app.conf.update(broker_url=settings.CELERY_BROKER_URL)
+
+
+_isolate_xdist_worker()
 
 
 @pytest.fixture(autouse=True)
@@ -153,8 +178,9 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-               # Short leases (a live gateway renews its own) and a fast sweeper.
-               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
+               # Short leases (a live gateway renews its own every third of one) and a fast sweeper; 3 s
+               # rides out the stalls of a loaded 2-core machine (a 1 s lease expired under a live gateway).
+               "AGENTOPS_LEASE_SECONDS": "3", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
                "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
         env.pop("DATABASE_TEST_NAME", None)
         if kind == "gateway":

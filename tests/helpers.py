@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 from channels.db import database_sync_to_async
@@ -106,6 +107,15 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def redis_url_of_worker(url: str, worker: str) -> str:
+    """``url`` with the Redis database of pytest-xdist worker ``worker`` ("gw<N>"): its number plus N."""
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) + int(worker.removeprefix("gw"))
+    if db > 15:
+        raise RuntimeError(f"xdist worker {worker} would need Redis database {db} of {url}: at most 16 (0..15)")
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
 def sandboxed(marker: str) -> list[psutil.Process]:

@@ -114,7 +114,7 @@ def test_approval_get_api_shows_what_the_reviewer_decides_on(reviewer: User, app
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("request_id", [str(uuid.uuid4()), "garbage", "42"])
+@pytest.mark.parametrize("request_id", [pytest.param(str(uuid.uuid4()), id="unknown-uuid"), "garbage", "42"])
 def test_approval_api_unknown_request_id_is_404(reviewer: User, approval: ApprovalRequest, request_id: str) -> None:
     api = api_client(reviewer)
     response = api.get(f"/api/approvals/{request_id}")

@@ -39,7 +39,7 @@ class Cluster:
     def env(self, **extra: str) -> dict[str, str]:
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
-               "AGENTOPS_LEASE_SECONDS": "1", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "10",
+               "AGENTOPS_LEASE_SECONDS": "3", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "10",
                "AGENTOPS_SWEEP_SECONDS": "0.5", "AGENTOPS_HOST_HEARTBEAT_SECONDS": "0.5",
                "AGENTOPS_HOST_OFFLINE_SECONDS": "3", **extra}
         env.pop("DATABASE_TEST_NAME", None)

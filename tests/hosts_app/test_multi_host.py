@@ -19,6 +19,7 @@ from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.hosts_app.conftest import Cluster, zone_agent
 from tests.waiting import wait_for
 from tools_app.models import ToolDefinition
+from tools_app.services import tool_definitions_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,7 +40,8 @@ def files_named(root: Path, name: str) -> list[Path]:
 def test_two_hosts_pin_sessions_and_files_never_cross(cluster: Cluster, people: tuple[User, User],
                                                       scripted_model_url: str) -> None:
     operator, reviewer = people
-    ToolDefinition.objects.filter(name="run_command").update(approval_mode="safe_readonly")
+    tool_definitions_seed()  # the row must exist before it is changed (a flushed database may have none)
+    assert ToolDefinition.objects.filter(name="run_command").update(approval_mode="safe_readonly") == 1
     agent_a, agent_b = zone_agent(scripted_model_url, "zone-a"), zone_agent(scripted_model_url, "zone-b")
     cluster.start_host("ha", "zone-a")
     cluster.start_host("hb", "zone-b")
@@ -108,8 +110,10 @@ def test_two_hosts_pin_sessions_and_files_never_cross(cluster: Cluster, people: 
 def test_host_killed_mid_command_waits_then_checks_its_manifest_when_back(
         cluster: Cluster, people: tuple[User, User], scripted_model_url: str) -> None:
     operator, _ = people
-    ToolDefinition.objects.filter(name="run_command").update(approval_mode="safe_readonly", timeout_seconds=4,
-                                                             max_attempts=3)
+    tool_definitions_seed()  # the row must exist before it is changed (a flushed database may have none)
+    changed = ToolDefinition.objects.filter(name="run_command").update(approval_mode="safe_readonly",
+                                                                       timeout_seconds=4, max_attempts=3)
+    assert changed == 1
     agent = zone_agent(scripted_model_url, "zone-a")
     cluster.start_host("ha", "zone-a")
     cluster.start_engine()

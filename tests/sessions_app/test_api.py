@@ -114,7 +114,8 @@ def test_session_get_api_returns_the_session(api: Client, operator: User, agent:
                              "wall_seconds": 0.0}
 
 
-@pytest.mark.parametrize("session_id", [str(uuid.uuid4()), "garbage", "1", "00000000-0000-0000-0000-00000000000g"])
+@pytest.mark.parametrize("session_id", [pytest.param(str(uuid.uuid4()), id="unknown-uuid"), "garbage", "1",
+                                        "00000000-0000-0000-0000-00000000000g"])
 def test_session_get_api_unknown_or_garbage_id_is_404(api: Client, session_id: str) -> None:
     for path in (f"/api/sessions/{session_id}", f"/api/sessions/{session_id}/turns",
                  f"/api/sessions/{session_id}/events", f"/api/sessions/{session_id}/artifacts",
