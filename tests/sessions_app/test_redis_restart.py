@@ -66,6 +66,9 @@ def redis() -> Iterator[PrivateRedis]:
         server.kill()
 
 
+WEB_APP_NAME = "agentops-restart-web"  # the daphne's connections, in pg_stat_activity
+
+
 @pytest.fixture
 def web(redis: PrivateRedis, settings: Any, tmp_path: Any) -> Iterator[str]:
     """One daphne process on the private Redis; this process announces on it too."""
@@ -73,7 +76,7 @@ def web(redis: PrivateRedis, settings: Any, tmp_path: Any) -> Iterator[str]:
                                            "CONFIG": {"hosts": [redis.url], "expiry": 60}}}
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis.url, "CELERY_BROKER_URL": redis.url,
-           "AGENTOPS_LAYER_CHECK_SECONDS": "0.5", "PYTHONUNBUFFERED": "1"}
+           "AGENTOPS_LAYER_CHECK_SECONDS": "0.5", "PYTHONUNBUFFERED": "1", "DATABASE_APPLICATION_NAME": WEB_APP_NAME}
     log = (tmp_path / "daphne.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                              "agentops.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -153,11 +156,14 @@ def record(session: AgentSession, text: str) -> int:
 
 
 def _cut_database_connections() -> None:
-    """pg_terminate_backend every other connection to the test database (the chaos proof does it
-    right after a Redis restart): the web process's pooled connections die under its reads."""
+    """pg_terminate_backend every connection of the web process (the chaos proof cuts them all
+    right after a Redis restart): its pooled connections die under its reads. Only the web's: this
+    process's own pool (the test's, the announcer's) must outlive the test for the tests after it."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND pid <> pg_backend_pid()")
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND application_name = %s", [WEB_APP_NAME])
+        (cut,) = cursor.fetchone()
+    assert cut >= 1, "the web process held no connection to cut"
 
 
 @pytest.mark.parametrize("cut_database", [False, True], ids=["redis", "redis-and-database"])
