@@ -86,10 +86,12 @@ def _read_stream(session_id: UUID, *, until_seq: int, on_seq: dict[int, Callable
     seq n is out."""
 
     async def run() -> list[int]:
-        stream = streams.event_stream(session_id, 0, max_seconds=30, read=read)
+        # Generous hang guards, not a speed target: under three xdist workers on two cores the
+        # 25,000-event reads took > 20 s; what the tests assert is each seq once, in order.
+        stream = streams.event_stream(session_id, 0, max_seconds=150, read=read)
         seqs: list[int] = []
         try:
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(120):
                 async for frame in stream:
                     for seq in map(int, IDS.findall(frame)):
                         seqs.append(seq)
