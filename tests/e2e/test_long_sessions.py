@@ -48,8 +48,9 @@ def test_live_command_output_and_progress_bar_then_markdown_answer(browser: Any,
     # The card appears running (pushed), then its output and bar move while the command runs.
     for page in (operator, reviewer):
         page.wait_for_selector(f"#step-{step_id}-progress progress", timeout=20_000)
-        page.wait_for_function(f"document.querySelector('#step-{step_id}-live').textContent.includes('built part 2')",
-                               timeout=20_000)
+        # A locator, not wait_for_function: the page's CSP (script-src 'self') refuses the eval that
+        # wait_for_function's polling needs whenever the text is not there on the first look.
+        page.locator(f"#step-{step_id}-live", has_text="built part 2").wait_for(timeout=20_000)
     first = _bar_value(operator, step_id)
     wait_for(lambda: _bar_value(operator, step_id) > first, 15, "the progress bar to advance")
     assert Step.objects.get(pk=step_id).status == "running"

@@ -31,7 +31,7 @@ from approvals_app.models import ApprovalRequest
 from hosts_app.models import AgentHostPolicy, RunnerResult, SessionPlacement
 from sessions_app.engine.commands import session_start, turn_submit
 from sessions_app.engine.recovery import sweep
-from sessions_app.models import Artifact, Event, Step
+from sessions_app.models import AgentSession, Artifact, Event, Step, Turn
 from tests.e2e.conftest import ROOT, SCREENSHOTS, Stack, World, login
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.waiting import wait_for
@@ -150,17 +150,23 @@ def _online(name: str) -> bool | None:
     return SandboxHost.objects.filter(name=name, status="online").exists() or None
 
 
+def _approved_command(world: World, command: str) -> tuple[AgentSession, Turn]:
+    """A session whose first step is ``run_command`` of ``command``, approved by the reviewer."""
+    session, turn = session_start(agent=world.agent, owner=world.operator,
+                                  input=script(tool("run_command", command=command), "say {results}"))
+    assert turn is not None
+    (approval,) = pending_approvals(turn, timeout=60)
+    approve(world.reviewer, approval)
+    return session, turn
+
+
 def test_runner_runs_approved_commands_and_a_resent_result_is_recorded_once(
         world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
     procs, token = runner_setup
     marker = procs.workdir.parent / f"{procs.workdir.name}-held"
     procs.start(AGENTOPS_RUNNER_FAILPOINT_BEFORE_RESULT=str(marker))
     wait_for(lambda: _online("cust-1"), 60, "the runner online")
-    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
-        tool("run_command", command="mkdir -p outputs && echo on-runner | tee outputs/r.txt"), "say {results}"))
-    assert turn is not None
-    (approval,) = pending_approvals(turn, timeout=60)
-    approve(world.reviewer, approval)
+    session, turn = _approved_command(world, "mkdir -p outputs && echo on-runner | tee outputs/r.txt")
     # The runner ran it, kept its result, and loses its connection before sending it.
     wait_for(lambda: marker.exists() or None, 60, "the runner to hold its result")
     procs.kill_all()
@@ -194,11 +200,7 @@ def test_runner_refuses_a_tampered_job_and_a_revoked_runner_is_refused(
     procs, token = runner_setup
     headers = {"Authorization": f"Bearer {token}"}
     assert httpx.post(f"{stack.url}/api/runner/heartbeat", headers=headers, json={}).status_code == 200
-    session, turn = session_start(agent=world.agent, owner=world.operator,
-                                  input=script(tool("run_command", command="echo approved"), "say {results}"))
-    assert turn is not None
-    (approval,) = pending_approvals(turn, timeout=60)
-    approve(world.reviewer, approval)
+    session, turn = _approved_command(world, "echo approved")
     # A compromised network path hands the runner the approved job with other arguments.
     response = httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 20}, timeout=40)
     assert response.status_code == 200, response.text
@@ -257,12 +259,7 @@ def test_runner_cut_off_mid_command_delivers_its_result_once(
     procs, _token = runner_setup
     procs.start(url=proxy.url)
     wait_for(lambda: _online("cust-1"), 60, "the runner online (through the proxy)")
-    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
-        tool("run_command", command="touch started; sleep 3; echo ran >> runs.txt; echo done-once"),
-        "say {results}"))
-    assert turn is not None
-    (approval,) = pending_approvals(turn, timeout=60)
-    approve(world.reviewer, approval)
+    session, turn = _approved_command(world, "touch started; sleep 3; echo ran >> runs.txt; echo done-once")
     step = Step.objects.get(turn=turn, kind="tool")
     started = procs.workdir / "workspaces" / str(session.id) / "started"
     wait_for(lambda: started.exists() or None, 60, "the command to start on the runner")
@@ -290,11 +287,7 @@ def test_runner_killed_mid_command_is_asked_for_its_manifest_when_back(
     ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=3)
     procs.start()
     wait_for(lambda: _online("cust-1"), 60, "the runner online")
-    session, turn = session_start(agent=world.agent, owner=world.operator, input=script(
-        tool("run_command", command="echo changed > changed.txt; sleep 2"), "say {results}"))
-    assert turn is not None
-    (approval,) = pending_approvals(turn, timeout=60)
-    approve(world.reviewer, approval)
+    session, turn = _approved_command(world, "echo changed > changed.txt; sleep 2")
     marker = procs.workdir / "workspaces" / str(session.id) / "changed.txt"
     wait_for(lambda: marker.exists() or None, 60, "the command to start on the runner")
     procs.kill_all()  # SIGKILL, mid-command: no result will ever come
