@@ -137,6 +137,9 @@ def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
     assert per_turn == [2] * 20
 
 
+RETRY_AFTER = 5
+
+
 def test_gateway_honours_retry_after_for_that_endpoint_only(
         engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, workers: None) -> None:
     other, other_url = start_in_thread(port=0)
@@ -144,22 +147,24 @@ def test_gateway_honours_retry_after_for_that_endpoint_only(
         slow_agent = factories.agent_profile(base_url=other_url, model="scripted")
         slow_agent.tools.set(engine_agent.tools.all())
         token = uuid.uuid4().hex
-        _, limited = session_start(agent=engine_agent, owner=owner, input=script("error 429 2", f"say ok {token}"))
+        _, limited = session_start(agent=engine_agent, owner=owner,
+                                   input=script(f"error 429 {RETRY_AFTER}", f"say ok {token}"))
         assert limited is not None
         refused = wait_for(lambda: [e for e in _requests_of(scripted_model, token) if e.status == 429], 30,
                            "the 429")[0]
-        # Meanwhile a session on another endpoint is served at once.
+        # Meanwhile a session on another endpoint is served before the first endpoint's Retry-After
+        # ends (5 s: starting that session took > 2 s beside two other pytest workers).
         _, free = session_start(agent=slow_agent, owner=owner, input=f"say free {token}")
         assert free is not None
         assert finished(free).status == "completed"
         (served,) = [e for e in other.logged_requests() if token in e.last_user_message]
-        assert served.finished_at < refused.finished_at + 2
+        assert served.finished_at < refused.finished_at + RETRY_AFTER
         limited = finished(limited)
         assert limited.status == "completed" and limited.output_text == f"ok {token}"
         retried = [e for e in _requests_of(scripted_model, token) if e.status == 200]
-        assert len(retried) == 1 and retried[0].received_at >= refused.finished_at + 2 - 0.05
+        assert len(retried) == 1 and retried[0].received_at >= refused.finished_at + RETRY_AFTER - 0.05
         retrying = Event.objects.get(session_id=limited.session_id, type="model.retrying")
-        assert retrying.payload["retry_after"] == 2.0
+        assert retrying.payload["retry_after"] == float(RETRY_AFTER)
     finally:
         other.shutdown()
         other.server_close()
