@@ -19,6 +19,11 @@ How agentops maps:
 - required actions: a client call waiting for its output is a ``function_call``; a call waiting
   for a reviewer is an ``mcp_approval_request`` whose ``request_id`` is agentops's approval request
   ID (answer it here only as an eligible reviewer, or in the queue).
+
+One module (~550 lines) on purpose: issue 18 asks for exactly one mapping between agentops's model
+and the wire types, so that nothing else decides how a row or an event looks on the wire; its
+parts (agents, sessions, turns, items, events, subagents) share the item and status mappings
+above. Parsing requests lives in ``parse``, the routes in ``api``, writes in ``services``.
 """
 
 import json
