@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 log = logging.getLogger(__name__)
 
 REJOINED = "layer.rejoined"  # the message a local channel gets after its groups were joined again
-LOST = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+LOST = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionError too
 
 
 def check_seconds() -> float:
@@ -40,7 +40,6 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         super().__init__(*args, **kwargs)
         self.joined: dict[str, set[str]] = {}  # group → this process's channels in it
         self.epochs: dict[int, str] = {}  # Redis host index → the epoch token last seen there
-        self.rejoins = 0
         self._watch: asyncio.Task[None] | None = None
         self._lost = False  # a receive lost its connection: check at once (a flag: loops come and go in tests)
 
@@ -98,9 +97,9 @@ class RedisChannelLayer(BaseRedisChannelLayer):
             while not self._lost and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.1)
 
-    async def check_epochs(self) -> bool:
+    async def check_epochs(self) -> None:
         """Did any Redis lose its data since the last check? If so, join every remembered group
-        again and tell each local channel (``layer.rejoined``). True when it rejoined."""
+        again and tell each local channel (``layer.rejoined``)."""
         key = f"{self.prefix}:agentops-epoch"
         lost = False
         for index in range(self.ring_size):
@@ -116,14 +115,12 @@ class RedisChannelLayer(BaseRedisChannelLayer):
                 lost = True
         if lost:
             await self.rejoin()
-        return lost
 
     async def rejoin(self) -> None:
         groups = {group: set(channels) for group, channels in self.joined.items()}
         for group, channels in groups.items():
             for channel in channels:
                 await super().group_add(group, channel)
-        self.rejoins += 1
         channels = {channel for members in groups.values() for channel in members}
         log.warning("Redis lost the channel layer's groups: %d groups of %d local channels joined again",
                     len(groups), len(channels))

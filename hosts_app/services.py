@@ -110,8 +110,9 @@ def hosts_mark_offline(*, now: Any = None) -> list[str]:
 
 def _candidates(session: AgentSession, pool: str | None = None) -> list[SandboxHost]:
     """The hosts the session may use: of its agent's pool and labels, or of ``pool`` (any labels)."""
-    policy = AgentHostPolicy.objects.filter(agent_id=session.agent_id).first() if pool is None else None
-    pool = pool if pool is not None else policy.pool if policy else "default"
+    policy = None if pool is not None else AgentHostPolicy.objects.filter(agent_id=session.agent_id).first()
+    if pool is None:
+        pool = policy.pool if policy else "default"
     wanted = set(policy.labels if policy else [])
     hosts = (SandboxHost.objects.filter(pool=pool).exclude(status=SandboxHost.Status.REVOKED)
              .filter(Q(kind=SandboxHost.Kind.HOSTED) | Q(team_id=session.team_id))
@@ -120,26 +121,32 @@ def _candidates(session: AgentSession, pool: str | None = None) -> list[SandboxH
     return [h for h in hosts if wanted <= set(h.labels or [])]
 
 
-@joins_transaction
-def session_pin(*, session: AgentSession) -> SandboxHost | None:
-    """Pin a session to a host of its agent's pool carrying its labels: the least loaded online
-    one (load / capacity; a team's runner before a shared host on a tie). Idempotent: a pinned
-    session keeps its host. None when the pool has no host at all (one machine: the shared queue).
-    With every host of the pool offline it is pinned to one anyway: its work waits, visibly."""
+def _pinned(session: AgentSession) -> SandboxHost | None:
     existing = SessionPlacement.objects.select_related("host").filter(session_id=session.pk).first()
-    if existing is not None:
-        return existing.host
-    hosts = _candidates(session)
-    if not hosts:
-        return None
+    return existing.host if existing is not None else None
+
+
+def _pin(session: AgentSession, hosts: list[SandboxHost], **extra: object) -> SandboxHost:
+    """Pin ``session`` to the least loaded online host of ``hosts`` (load / capacity; a team's
+    runner before a shared host on a tie; with none online, to one anyway: its work waits, visibly)."""
     online = [h for h in hosts if h.status == SandboxHost.Status.ONLINE] or hosts
     best = min(online, key=lambda h: (getattr(h, "load", 0) / max(1, h.capacity), h.kind != SandboxHost.Kind.RUNNER,
                                       h.name))
     placement, created = SessionPlacement.objects.get_or_create(session_id=session.pk, defaults={"host": best})
     if created:
         event_record(session_id=session.pk, type="session.pinned",
-                     payload={"host": best.name, "kind": best.kind, "pool": best.pool})
+                     payload={"host": best.name, "kind": best.kind, "pool": best.pool, **extra})
     return placement.host
+
+
+@joins_transaction
+def session_pin(*, session: AgentSession) -> SandboxHost | None:
+    """Pin a session to a host of its agent's pool carrying its labels (``_pin``). Idempotent: a
+    pinned session keeps its host. None when the pool has no host at all (one machine: the shared queue)."""
+    if (pinned := _pinned(session)) is not None:
+        return pinned
+    hosts = _candidates(session)
+    return _pin(session, hosts) if hosts else None
 
 
 @joins_transaction
@@ -148,9 +155,8 @@ def session_pin_chosen(*, session: AgentSession, host_name: str | None = None,
     """Pin a new session where its creator chose (the wire's ``self_hosted`` environment): the host
     ``host_name`` (a hosted host, or a runner of the session's team), else the least loaded host of
     ``pool``. 400 when no such host may take it; a session already pinned keeps its host."""
-    existing = SessionPlacement.objects.select_related("host").filter(session_id=session.pk).first()
-    if existing is not None:
-        return existing.host
+    if (pinned := _pinned(session)) is not None:
+        return pinned
     if host_name is not None:
         hosts = list(SandboxHost.objects.filter(name=host_name).exclude(status=SandboxHost.Status.REVOKED)
                      .filter(Q(kind=SandboxHost.Kind.HOSTED) | Q(team_id=session.team_id)))
@@ -160,13 +166,7 @@ def session_pin_chosen(*, session: AgentSession, host_name: str | None = None,
         what = f"sandbox host {host_name!r}" if host_name is not None else f"host in pool {pool!r}"
         raise InvalidArguments(f"No {what} can take this session's team's work",
                                details={"field": "environment_id" if host_name is not None else "pool"})
-    online = [h for h in hosts if h.status == SandboxHost.Status.ONLINE] or hosts
-    best = min(online, key=lambda h: (getattr(h, "load", 0) / max(1, h.capacity), h.kind != SandboxHost.Kind.RUNNER,
-                                      h.name))
-    SessionPlacement.objects.create(session_id=session.pk, host=best)
-    event_record(session_id=session.pk, type="session.pinned",
-                 payload={"host": best.name, "kind": best.kind, "pool": best.pool, "chosen": True})
-    return best
+    return _pin(session, hosts, chosen=True)
 
 
 def step_host_unavailable(*, step: Step, host: SandboxHost) -> None:

@@ -80,9 +80,7 @@ class LiveServer:
 
     key: str
     session_id: str
-    name: str
     trouble: StdioTrouble
-    started: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     session: ClientSession | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -120,7 +118,6 @@ class McpCallPool:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._live: dict[str, LiveServer] = {}
-        self.started_processes = 0  # how many long-lived processes this pool started (figures, tests)
 
     # --- the calling thread -------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -271,10 +268,9 @@ class McpCallPool:
             live = None
         if live is None:
             trouble = StdioTrouble(closed=anyio.Event())
-            live = LiveServer(key=key, session_id=session_id, name=conn.name, trouble=trouble)
+            live = LiveServer(key=key, session_id=session_id, trouble=trouble)
             self._live[key] = live
             live.task = asyncio.ensure_future(self._own(live, conn, opener))
-            self.started_processes += 1
         await live.ready.wait()
         if live.error is not None or live.session is None:
             if self._live.get(key) is live:

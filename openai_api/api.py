@@ -212,9 +212,8 @@ def session_update_api(request: AuthedRequest, session_id: str) -> dict[str, Any
     require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_to_operate(session_id, user=request.user)
     metadata = parse.session_update(parse.body(request))
-    if metadata is not None:  # agentops's own keys (environment, tool subset) are kept
-        kept = {k: v for k, v in (session.metadata or {}).items() if k in parse.RESERVED_METADATA}
-        services.session_metadata_update(session_id=session.id, metadata={**metadata, **kept})
+    if metadata is not None:
+        wire_services.session_metadata_set(session_id=str(session.id), metadata=metadata)
     return _session_snapshot(selectors.session_get(session.id, user=request.user))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from tools_app.sandbox.workspace import SANDBOX_MOUNT
+
 MAX_METADATA_PAIRS = 16
 MAX_LIMIT = 100
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -210,7 +212,7 @@ def _input_text(value: Any, param: str) -> str:
     return "\n".join(texts)
 
 
-WORKSPACE = "/workspace"
+WORKSPACE = SANDBOX_MOUNT  # the wire's workspace_directory: where the sandbox mounts the workspace
 # Session metadata keys agentops keeps for itself (the wire neither shows nor takes them).
 RESERVED_METADATA = ("agentops_environment", "agentops_tools")
 

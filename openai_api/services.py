@@ -18,13 +18,14 @@ The environment is recorded in ``metadata.agentops_environment``, so agentops's 
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import transaction
 
-from agentops.domain import InvalidArguments
+from agentops.domain import InvalidArguments, joins_transaction
 from hosts_app.services import session_pin_chosen
-from openai_api.parse import EnvironmentSpec, WireError
+from openai_api.parse import RESERVED_METADATA, EnvironmentSpec, WireError
 from sessions_app.engine import commands as engine
+from sessions_app.locks import session_lock
 from sessions_app.models import AgentProfile, AgentSession, Turn
+from sessions_app.services import session_metadata_update
 from tools_app.models import ToolDefinition
 from tools_app.selectors import tool_definitions_by_name, tool_names_of_agent
 
@@ -38,6 +39,7 @@ def workspace_tools(agent: AgentProfile) -> list[str]:
                   if (d := definitions.get(name)) is None or d.kind not in NO_WORKSPACE_KINDS)
 
 
+@joins_transaction  # pinned before the first tick, which runs after commit
 def session_start_in(*, environment: EnvironmentSpec, agent: AgentProfile, owner: User, input: str,
                      metadata: dict[str, str] | None, idempotency_key: str = "") -> tuple[AgentSession, Turn | None]:
     meta: dict[str, Any] = dict(metadata or {})
@@ -54,13 +56,22 @@ def session_start_in(*, environment: EnvironmentSpec, agent: AgentProfile, owner
                                     idempotency_key=idempotency_key)
     meta["agentops_environment"] = {"type": "self_hosted", "environment_id": environment.environment_id,
                                     "pool": environment.pool}
-    with transaction.atomic():  # pinned before the first tick, which runs after commit
-        session, turn = engine.session_start(agent=agent, owner=owner, input=input, metadata=meta,
-                                             idempotency_key=idempotency_key)
-        if environment.environment_id is not None or environment.pool is not None:
-            try:
-                session_pin_chosen(session=session, host_name=environment.environment_id, pool=environment.pool)
-            except InvalidArguments as exc:  # rolls the session back: nothing is created
-                raise WireError(exc.message, param="environment.environment_id" if environment.environment_id
-                                is not None else "environment.agentops_pool") from exc
+    session, turn = engine.session_start(agent=agent, owner=owner, input=input, metadata=meta,
+                                         idempotency_key=idempotency_key)
+    if environment.environment_id is not None or environment.pool is not None:
+        try:
+            session_pin_chosen(session=session, host_name=environment.environment_id, pool=environment.pool)
+        except InvalidArguments as exc:  # rolls the session back: nothing is created
+            raise WireError(exc.message, param="environment.environment_id" if environment.environment_id
+                            is not None else "environment.agentops_pool") from exc
     return session, turn
+
+
+@joins_transaction
+def session_metadata_set(*, session_id: str, metadata: dict[str, Any]) -> None:
+    """The wire replaces the integration's metadata; agentops's own keys (the environment, the tool
+    subset) stay as they were."""
+    session_lock(session_id)
+    current = AgentSession.objects.values_list("metadata", flat=True).get(pk=session_id) or {}
+    kept = {k: v for k, v in current.items() if k in RESERVED_METADATA}
+    session_metadata_update(session_id=session_id, metadata={**metadata, **kept})

@@ -35,6 +35,7 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist
 
 from approvals_app.models import ApprovalRequest
+from openai_api.parse import RESERVED_METADATA, WORKSPACE
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Step, Turn
 from tools_app.models import ToolDefinition
 
@@ -137,8 +138,6 @@ def required_actions(waiting_steps: Iterable[Step], approvals: Iterable[Approval
     return actions
 
 
-RESERVED_METADATA = ("agentops_environment", "agentops_tools")
-WORKSPACE = "/workspace"
 
 
 def session_metadata_out(metadata: dict[str, Any] | None) -> dict[str, Any]:
@@ -368,7 +367,6 @@ class WireStream:
         self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
         self.opened: dict[str, int | None] = {}  # child session id → when its subagent.created was seen
         self.spawns: dict[str, list[dict[str, Any]]] = {}  # spawn step id → the children it started
-        self.spawn_arguments: dict[str, Any] = {}  # spawn step id → its call's arguments (the tasks)
 
     @staticmethod
     def _key(action: dict[str, Any]) -> str:
@@ -470,7 +468,6 @@ class WireStream:
                 return [{"type": "agent.session.turn.item.added", **base, "output_index": index, "item": item},
                         {"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item}]
             if tool == SPAWN_TOOL:  # its items come with the children it starts (subagents.spawned)
-                self.spawn_arguments[step_id] = arguments
                 return []
             return [{"type": "agent.session.turn.item.added", **base, "output_index": index,
                      "item": mcp_call_item(step_id, turn_id, tool, arguments or {}, status="in_progress")}]
@@ -525,7 +522,7 @@ class WireStream:
     def _spawn_step(self, event: dict[str, Any]) -> Step:
         """The spawn step as its events show it (unsaved: only what ``spawn_items`` reads)."""
         payload = event.get("payload") or {}
-        arguments = payload.get("arguments") or self.spawn_arguments.get(str(event["step_id"])) or {}
+        arguments = payload.get("arguments") or {}
         return Step(id=event["step_id"], turn_id=event["turn_id"], index=int(payload.get("index", 0)),
                     tool_name=SPAWN_TOOL, arguments=arguments, result=payload.get("result"))
 
