@@ -25,7 +25,7 @@ def host_facts() -> dict[str, Any]:
     bwrap_version = ""
     if bwrap:
         bwrap_version = subprocess.run([bwrap, "--version"], capture_output=True, text=True,
-                                       check=False).stdout.strip()
+                                       check=False).stdout.strip().removeprefix("bubblewrap ")  # "0.8.0"
     return {"versions": {"python": platform.python_version(), "bubblewrap": bwrap_version,
                          "agentops": "1"},
             "self_test": sandbox_status(refresh=True)}
