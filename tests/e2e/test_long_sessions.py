@@ -64,7 +64,7 @@ def test_live_command_output_and_progress_bar_then_markdown_answer(browser: Any,
     assert operator.text_content(".step.final .answer.markdown strong") == "Built"
     assert operator.text_content(".step.final .answer.markdown code") == "make"
     assert "**Built**" in (operator.text_content(".step.final .answer-raw") or "")
-    assert Turn.objects.get(pk=turn.id).status == "completed"
+    wait_for(lambda: Turn.objects.get(pk=turn.id).status == "completed", 30, "the turn to complete")
     operator.screenshot(path=str(SCREENSHOTS / "markdown-answer.png"), full_page=True)
     assert_not_reloaded(operator)
     assert_not_reloaded(reviewer)
@@ -86,5 +86,6 @@ def test_raise_the_budget_then_retry_from_the_page(browser: Any, stack: Stack, w
     with operator.expect_navigation():
         operator.click(f"#turn-{turn.id}-foot .retry-form button")
     operator.wait_for_selector(f"#turn-{turn.id} .step.final", timeout=30_000)
-    assert Turn.objects.get(pk=turn.id).status == "completed"
+    # The answer step commits first; the turn completes in the engine's next tick.
+    wait_for(lambda: Turn.objects.get(pk=turn.id).status == "completed", 30, "the retried turn to complete")
     assert operator.query_selector(f"#turn-{turn.id}-foot .retry-form") is None
