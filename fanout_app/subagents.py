@@ -210,6 +210,7 @@ def subagents_spawn(*, step: Step, session: AgentSession) -> str:
                           "tools": task["tools"], "files": task["files"]})
                 children.append({"index": i, "session_id": str(child.id), "title": child.title,
                                  "agent": task["agent"].slug, "agent_path": link.agent_path, "status": turn.status,
+                                 "turn_id": str(turn.id),
                                  "instructions": task["instructions"]})  # the wire's create_subagent_call
                 dispatch.turn_start_enqueue(turn.id)
     except TaskError as exc:
@@ -259,7 +260,9 @@ def subagents_collect(*, step: Step, session: AgentSession) -> str:
         event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="subagent.finished",
                      payload={"index": link.index, "session_id": str(link.child_id), "agent_path": link.agent_path,
                               "status": turn.status if turn else "missing",
-                              "error_code": turn.error_code if turn else ""})
+                              "turn_id": str(turn.id) if turn else None,
+                              "error_code": turn.error_code if turn else "",
+                              "error_message": turn.error_message[:500] if turn else ""})
     if any(t.is_active for t in turns.values()):
         return Step.Status.RUNNING
     artifacts: dict[uuid.UUID, list[Artifact]] = {}

@@ -367,6 +367,7 @@ class WireStream:
         self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
         self.opened: dict[str, int | None] = {}  # child session id → when its subagent.created was seen
         self.spawns: dict[str, list[dict[str, Any]]] = {}  # spawn step id → the children it started
+        self.subagent_turns: dict[str, dict[str, Any]] = {}  # a child's turn id → its wire turn
 
     @staticmethod
     def _key(action: dict[str, Any]) -> str:
@@ -506,8 +507,10 @@ class WireStream:
         if kind == "subagents.spawned":  # this session's own children (nested ones: in their parent's stream)
             children = [c for c in payload.get("children") or [] if isinstance(c, dict)]
             self.spawns[str(step_id)] = children
-            out = [{"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)}
-                   for child in children]
+            out = []
+            for child in children:
+                out.append({"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)})
+                out += self._subagent_turn(child, at, "queued", "created")
             index = int(payload.get("index", 0))
             for _, item in spawn_items(self._spawn_step(event), agent_id=self.snapshot["agent"]["id"],
                                        children=children, status="in_progress"):
@@ -515,9 +518,33 @@ class WireStream:
                 if item["type"] == "create_subagent_call":
                     out.append({"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item})
             return out
-        if kind == "subagent.finished":
-            return [{"type": "agent.session.subagent.closed", "subagent": self._subagent(payload, at, at)}]
+        if kind == "subagent.finished":  # the child's turn ends, then the subagent closes
+            status = str(payload.get("status", ""))
+            ended = self._subagent_turn(payload, at, status, status) if status in ("completed", "failed",
+                                                                                   "cancelled") else []
+            return [*ended, {"type": "agent.session.subagent.closed", "subagent": self._subagent(payload, at, at)}]
         return []
+
+    def _subagent_turn(self, child: dict[str, Any], at: int | None, status: str, verb: str) -> list[dict[str, Any]]:
+        """A child session's turn as the root stream shows it (``turn.subagent_id`` set, so the SDK's
+        stream helper, which follows the first root turn, does not take it for the caller's turn):
+        ``created`` when the child starts, its terminal event when it finishes. The child's own items
+        stay in its subagent's endpoints."""
+        child_id, turn_id = str(child.get("session_id", "")), child.get("turn_id")
+        if not turn_id:
+            return []
+        turn = self.subagent_turns.setdefault(str(turn_id), {
+            "id": str(turn_id), "object": "agent.session.turn", "agent_id": child.get("agent") or child_id,
+            "session_id": self.snapshot["id"], "subagent_id": child_id, "created_at": at, "started_at": None,
+            "completed_at": None, "status": "queued", "error": None, "usage": None})
+        turn["status"] = status
+        if status != "queued":
+            turn["completed_at"] = at
+            turn["started_at"] = turn["started_at"] or turn["created_at"]
+        if status == "failed":
+            turn["error"] = turn_error(str(child.get("error_code", "")), str(child.get("error_message", "")))
+        return [{"type": f"agent.session.turn.{verb}", "session_id": self.snapshot["id"], "turn_id": str(turn_id),
+                 "turn": dict(turn)}]
 
     def _spawn_step(self, event: dict[str, Any]) -> Step:
         """The spawn step as its events show it (unsaved: only what ``spawn_items`` reads)."""

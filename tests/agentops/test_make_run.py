@@ -41,7 +41,8 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         assert f"agentops is running at http://127.0.0.1:{port}/" in text, text[-3000:]
         assert "embedded Redis" in text and "LOCAL USE ONLY" in text
         children = psutil.Process(proc.pid).children(recursive=True)
-        names = " ".join(" ".join(c.cmdline()) for c in children)
+        commands = {c.pid: " ".join(c.cmdline()) for c in children}  # read once: a pool child may come and go
+        names = " ".join(commands.values())
         assert "daphne" in names and "celery" in names and "scripted_model" in names and "redis-server" in names
         assert "model_gateway" in names
         # The URL is printed only once the worker answers: /healthz is green at once.
@@ -59,7 +60,7 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         client.close()
         # Two daphne processes share the one listening socket: with either one stopped, the other
         # answers every request on the same port (so each serves).
-        webs = [c for c in children if "daphne" in " ".join(c.cmdline())]
+        webs = [c for c in children if "daphne" in commands[c.pid]]
         assert len(webs) == webserve.DEFAULT_WEB_PROCESSES == 2
         for stopped in webs:
             stopped.suspend()

@@ -63,7 +63,7 @@ def _until_idle(stream: Any, on_event: Any = None) -> list[Any]:
         if on_event is not None:
             on_event(event)
         if event.type in ("agent.session.turn.completed", "agent.session.turn.failed",
-                          "agent.session.turn.cancelled"):
+                          "agent.session.turn.cancelled") and event.turn.subagent_id is None:  # a root turn
             turn_done = True
         if event.type == "agent.session.failed" or (event.type == "agent.session.idle" and turn_done):
             break

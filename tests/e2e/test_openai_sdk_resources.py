@@ -51,6 +51,15 @@ def test_a_subagent_is_visible_through_the_subagents_endpoints(sdk: OpenAI, worl
     assert [(s.status, s.parent_agent_id) for s in opened] == [("active", world.agent.slug)]
     assert [(s.id, s.status) for s in closed] == [(opened[0].id, "closed")]
     session_id = events[0].session.id
+    # The child's turn goes through the root's stream too, with its subagent id, ended before it closed.
+    child_turns = [(e.type, e.turn.subagent_id, e.turn.session_id, e.turn.status) for e in events
+                   if e.type.startswith("agent.session.turn.") and getattr(e, "turn", None) is not None
+                   and e.turn.subagent_id is not None]
+    assert child_turns == [("agent.session.turn.created", opened[0].id, session_id, "queued"),
+                           ("agent.session.turn.completed", opened[0].id, session_id, "completed")]
+    kinds = [e.type for e in events]
+    assert kinds.index("agent.session.subagent.closed") > max(
+        i for i, e in enumerate(events) if e.type == "agent.session.turn.completed" and e.turn.subagent_id)
     child_id = str(SubagentLink.objects.get(parent_id=session_id).child_id)
 
     assert waits[0].recipient_agent_ids == [child_id]

@@ -182,15 +182,17 @@ def test_a_spawn_streams_as_subagent_items_and_events() -> None:
                                   "status": "in_progress", "required_actions": [], "error": None})
     step, turn, at = "5a0f0000-0000-0000-0000-000000000001", "5a0f0000-0000-0000-0000-000000000002", \
         "2026-12-01T00:00:00+00:00"
-    kids = [{"index": 0, "session_id": "c0", "title": "t0", "instructions": "A."},
-            {"index": 1, "session_id": "c1", "title": "t1", "instructions": "B."}]
+    kids = [{"index": 0, "session_id": "c0", "title": "t0", "instructions": "A.", "turn_id": "t-c0", "agent": "kid"},
+            {"index": 1, "session_id": "c1", "title": "t1", "instructions": "B.", "turn_id": "t-c1", "agent": "kid"}]
     tasks = {"tasks": [{"instructions": "A."}, {"instructions": "B."}]}
     answers = [{"index": 0, "session_id": "c0", "answer": "a"}, {"index": 1, "session_id": "c1", "answer": "b"}]
     out = []
     for seq, (kind, payload) in enumerate([
             ("tool.started", {"index": 2, "tool": "spawn_subagents", "arguments": tasks}),
             ("subagents.spawned", {"index": 2, "tool": "spawn_subagents", "children": kids}),
-            ("subagent.finished", {"index": 0, "session_id": "c0", "status": "completed"}),
+            ("subagent.finished", {"index": 0, "session_id": "c0", "status": "completed", "turn_id": "t-c0"}),
+            ("subagent.finished", {"index": 1, "session_id": "c1", "status": "failed", "turn_id": "t-c1",
+                                   "error_code": "budget_exceeded", "error_message": "over budget"}),
             # As the live event carries it: the answers in the output the parent's model read.
             ("tool.completed", {"index": 2, "tool": "spawn_subagents",
                                 "result": {"status": "completed", "output": json.dumps({"subagents": answers})}})],
@@ -199,13 +201,23 @@ def test_a_spawn_streams_as_subagent_items_and_events() -> None:
                                  "payload": payload, "created_at": at})
     shape = [(e["type"], e.get("item", {}).get("type")) for e in out]
     assert shape == [
-        ("agent.session.subagent.created", None), ("agent.session.subagent.created", None),
+        *[("agent.session.subagent.created", None), ("agent.session.turn.created", None)] * 2,
         *[("agent.session.turn.item.added", "create_subagent_call"),
           ("agent.session.turn.item.done", "create_subagent_call")] * 2,
         ("agent.session.turn.item.added", "wait_for_subagents_call"),
-        ("agent.session.subagent.closed", None),
+        ("agent.session.turn.completed", None), ("agent.session.subagent.closed", None),
+        ("agent.session.turn.failed", None), ("agent.session.subagent.closed", None),
         ("agent.session.turn.item.added", "agent_message"), ("agent.session.turn.item.added", "agent_message"),
         ("agent.session.turn.item.done", "wait_for_subagents_call")]
     assert [e["item"]["content"][0]["text"] for e in out if e.get("item", {}).get("type") == "create_subagent_call"
             and e["type"].endswith("done")] == ["A.", "B."]
     assert out[-1]["item"]["status"] == "completed" and out[-1]["item"]["recipient_agent_ids"] == ["c0", "c1"]
+    # The children's turns: in the root's stream with their subagent id, so the SDK's stream helper
+    # (which follows the first root turn, subagent_id None) keeps following the caller's turn.
+    turns = [(e["type"].rsplit(".", 1)[1], e["turn"]["id"], e["turn"]["subagent_id"], e["turn"]["session_id"],
+              e["turn"]["status"]) for e in out if e["type"].startswith("agent.session.turn.") and "turn" in e]
+    assert turns == [("created", "t-c0", "c0", "s1", "queued"), ("created", "t-c1", "c1", "s1", "queued"),
+                     ("completed", "t-c0", "c0", "s1", "completed"), ("failed", "t-c1", "c1", "s1", "failed")]
+    failed = next(e["turn"] for e in out if e["type"] == "agent.session.turn.failed")
+    assert failed["error"]["message"] == "over budget" and failed["agent_id"] == "kid"
+    assert failed["completed_at"] is not None
