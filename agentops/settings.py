@@ -285,6 +285,9 @@ AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_A
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
 AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
 AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
+# How often the gateway looks whether the steps of its calls in flight were settled elsewhere (a
+# cancelled turn): it then lets go of their calls.
+AGENTOPS_GATEWAY_WATCH_SECONDS = env.float("AGENTOPS_GATEWAY_WATCH_SECONDS", default=2.0)
 AGENTOPS_GATEWAY_RECLAIM_SECONDS = env.float("AGENTOPS_GATEWAY_RECLAIM_SECONDS", default=30.0)
 AGENTOPS_HTTP_ALLOWED_HOSTS = env.list("AGENTOPS_HTTP_ALLOWED_HOSTS", default=[])
 AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=False)

@@ -351,18 +351,20 @@ def artifacts_list_api(request: AuthedRequest, session_id: str, after: str | Non
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id, user=request.user)
     limit, order = parse.list_params(limit, order)
-    if environment_id:
-        return _empty_page()  # agentops sessions have no wire environment: nothing was published in one
+    where = wire.environment_out(session).get("id")  # a session's files are all in its one workspace
+    if environment_id and environment_id != where:
+        return _empty_page()
     after_row = selectors.artifact_of_session(session_id=session.id, artifact_id=after) if after else None
     return _page(selectors.artifacts_of_session_qs(session.id), after_row=after_row, order=order, limit=limit,
-                 fields=("created_at", "id"), serialize=wire.artifact_out)
+                 fields=("created_at", "id"), serialize=lambda a: wire.artifact_out(a, where))
 
 
 @api.get("/agents/sessions/{session_id}/artifacts/{artifact_id}")
 def artifact_retrieve_api(request: AuthedRequest, session_id: str, artifact_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id, user=request.user)
-    return wire.artifact_out(selectors.artifact_of_session(session_id=session.id, artifact_id=artifact_id))
+    return wire.artifact_out(selectors.artifact_of_session(session_id=session.id, artifact_id=artifact_id),
+                             wire.environment_out(session).get("id"))
 
 
 @api.delete("/agents/sessions/{session_id}/artifacts/{artifact_id}")

@@ -149,7 +149,7 @@ def environment_out(session: AgentSession) -> dict[str, Any]:
     """``none`` (no sandbox) when the session was started so; else ``self_hosted``: its workspace is
     on agentops's sandbox hosts, ``id`` the host it is pinned to (null until its first tick pins it,
     or on one machine). Reads ``session.placement`` (select it with the session in lists)."""
-    if ((session.metadata or {}).get("agentops_environment") or {}).get("type") == "none":
+    if not session.has_sandbox:
         return {"type": "none"}
     try:
         host = session.placement.host.name
@@ -332,9 +332,10 @@ def turn_items(turn: Turn, steps: Iterable[Step], client_tools: frozenset[str], 
 
 # --- artifacts --------------------------------------------------------------------------------
 
-def artifact_out(artifact: Artifact) -> dict[str, Any]:
+def artifact_out(artifact: Artifact, environment_id: str | None = None) -> dict[str, Any]:
+    """``environment_id``: the host of its session's workspace (``environment_out``'s id)."""
     return {"id": str(artifact.id), "object": "agent.session.artifact", "session_id": str(artifact.session_id),
-            "turn_id": str(artifact.turn_id) if artifact.turn_id else None, "environment_id": None,
+            "turn_id": str(artifact.turn_id) if artifact.turn_id else None, "environment_id": environment_id,
             "path": "/workspace/" + artifact.path.lstrip("/"), "size_bytes": artifact.size,
             "created_at": ts(artifact.created_at)}
 

@@ -9,9 +9,10 @@ model, a private Redis, a PostgreSQL database of the proof's own), then two part
    same run: the lightest read (one session by id).
 2. Live push: 200 WebSocket clients (4 per session) and 20 SSE clients subscribed to 50 sessions
    whose turns run read-only tool steps without pause while the engine writes ≥ 50 events/s: latency
-   from the event's ``created_at`` (stamped in its transaction, just before the commit) to its
-   arrival at the client, p50/p99 (target p99 ≤ 50 ms), events lost after replay (target 0),
-   and the CPU of the web process (daphne).
+   from the event's commit (stamped by the announcer's on_commit callback) to its arrival at a
+   WebSocket client, p50/p99 (target p99 ≤ 50 ms); from its ``created_at`` (stamped in its
+   transaction, before the commit) for every client; events lost after replay (target 0), and the
+   CPU of the web processes (daphne).
 
     python -m proof.load [--full]
 """
@@ -48,7 +49,7 @@ RATE = 100.0
 PUSH_SESSIONS, WS_PER_SESSION, SSE_SESSIONS = 50, 4, 20
 TARGET_PUSH_P99_MS = 50.0
 TARGET_EVENTS_PER_S = 50.0
-PACE_MS = 1500
+PACE_MS = 2500
 
 
 def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
@@ -115,7 +116,8 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     sse.stdin.flush()
     time.sleep(5)  # every client subscribed before the first event
     # Each turn: read-only tool calls (each runs in the engine's tick), the model answering each
-    # after PACE_MS: about 50 sessions × 3 events / 1.6 s ≈ 90 events/s, enough to outlast the window.
+    # after PACE_MS: 50 sessions × about 4 events per 2.6 s ≈ 75 events/s (printed below), 1.5× the
+    # issue's 50 (at 1.5 s, 126 events/s, the engine took the cores the push is measured on).
     steps = int(seconds / (PACE_MS / 1000)) + 20
     script = "\n".join([f"push {uuid.uuid4().hex}"] + [f"sleep {PACE_MS}", 'tool list_files {"path": "."}'] * steps
                         + ["say done"])
@@ -161,7 +163,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     cpu = (cpu_after - cpu_before) / (ended_at - started_at)
     rows = [[kind, len(xs), f"{percentile(xs, 50):.1f}", f"{percentile(xs, 99):.1f}", f"{max(xs):.1f}"]
             for kind, xs in latencies.items() if xs]
-    print_table(["clients", "deliveries", "p50 ms", "p99 ms", "max ms"], rows)
+    print_table(["clients (created → received)", "deliveries", "p50 ms", "p99 ms", "max ms"], rows)
     split = reports[0].get("split_ms", [])
     if split:  # where the time goes: the sender (commit → announced) and the rest (server, client)
         sender, rest = [a for a, _ in split], [b for _, b in split]
@@ -176,7 +178,15 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
             f"{name} {percentile([x[n] for x in stages], 50):.1f} / {percentile([x[n] for x in stages], 99):.1f}"
             for n, name in enumerate(names)))
     every = latencies["ws"] + latencies["sse"]
-    p99 = percentile(every, 99)
+    # The issue's measure: commit → received. The announcer stamps each event when its commit
+    # returned (its on_commit callback, AGENTOPS_PUSH_TIMINGS), which WebSocket messages carry;
+    # created → received (above) adds the writer's own transaction after the event's insert.
+    committed = [sum(x[1:]) for x in stages]
+    if committed:
+        print(f"  WebSocket commit → received: p50 {percentile(committed, 50):.1f} ms, p99 "
+              f"{percentile(committed, 99):.1f} ms, max {max(committed):.1f} ms ({len(committed)} deliveries)")
+    measured = committed or every
+    p99 = percentile(measured, 99)
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
           f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
           f"got only from the final replay {sum(c.get('by_replay', 0) for c in clients)}; "
@@ -184,7 +194,8 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S,
                  timing=True)
     result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
-                 f"p50 {percentile(every, 50):.1f} ms, p99 {p99:.1f} ms ({p99 / TARGET_PUSH_P99_MS:.2f}x the target)",
+                 f"p50 {percentile(measured, 50):.1f} ms, p99 {p99:.1f} ms ({p99 / TARGET_PUSH_P99_MS:.2f}x the target"
+                 f"{'' if committed else '; created → received: no commit stamps'})",
                  p99 <= TARGET_PUSH_P99_MS, timing=True)
     result.check("0 events lost after replay", f"{lost} across {len(clients)} clients", lost == 0 and bool(clients))
     duplicates = sum(c["duplicates"] for c in clients)

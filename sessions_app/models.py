@@ -166,6 +166,13 @@ class AgentSession(StateMachine, models.Model):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def has_sandbox(self) -> bool:
+        """False for a session started without one (the OpenAI wire's ``environment: none``, kept in
+        ``metadata.agentops_environment``): no workspace, so no sandbox host is ever pinned for it."""
+        environment = (self.metadata or {}).get("agentops_environment")
+        return not (isinstance(environment, dict) and environment.get("type") == "none")
+
 
 class TurnStatus(models.TextChoices):
     QUEUED = "queued", "Queued"

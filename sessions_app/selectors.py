@@ -287,6 +287,16 @@ def turn_id_of_step(step_id: Any) -> uuid.UUID | None:
     return Step.objects.filter(pk=key).values_list("turn_id", flat=True).first()
 
 
+def steps_still_held(held: dict[uuid.UUID, str]) -> set[uuid.UUID]:
+    """Of ``held`` (step id → lease owner), the steps still running under that owner's lease: a
+    step cancelled, expired and re-issued, or settled meanwhile is not among them."""
+    if not held:
+        return set()
+    rows = Step.objects.filter(pk__in=list(held), status=Step.Status.RUNNING,
+                               lease_owner__in=set(held.values())).values_list("pk", "lease_owner")
+    return {pk for pk, owner in rows if held.get(pk) == owner}
+
+
 # --- events --------------------------------------------------------------------------------
 
 def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: int | None = None) -> list[Event]:

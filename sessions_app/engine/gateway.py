@@ -46,7 +46,7 @@ from sessions_app.engine.tool_steps import tool_step_execute
 from sessions_app.engine.verification import verification_record_atomic, verification_request
 from sessions_app.events import event_record
 from sessions_app.models import Step
-from sessions_app.selectors import turn_id_of_step
+from sessions_app.selectors import steps_still_held, turn_id_of_step
 from sessions_app.services import step_leases_renew
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ HEARTBEAT_KEY = "agentops:gateway:"
 
 def _pooled() -> bool:
     return bool(settings.DATABASES["default"].get("OPTIONS", {}).get("pool"))
+
+
+def _cancelling(task: "asyncio.Task[Any] | None") -> bool:
+    """Was this task itself asked to stop (the gateway's shutdown), not only a call it awaited?"""
+    return task is not None and task.cancelling() > 0
 
 
 def _db_call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -87,6 +92,8 @@ class Gateway:
         self._clients_per_endpoint = clients_per_endpoint
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
+        self.calls: dict[uuid.UUID, asyncio.Task[llm.ModelReply]] = {}  # their model calls in flight
+        self.dropped: set[uuid.UUID] = set()  # steps settled elsewhere whose calls were let go
         self.in_flight = 0
         self.peak_in_flight = 0
         self._stopping: asyncio.Event | None = None
@@ -137,11 +144,13 @@ class Gateway:
             self.held[current.id] = current.lease_owner
             try:
                 try:
-                    reply = await llm.call_model(clients=self.clients, profile=convo.session.agent,
-                                                 messages=convo.messages, tools=convo.tools,
-                                                 sink=self._sink(current))
+                    reply = await self._call(current, llm.call_model(
+                        clients=self.clients, profile=convo.session.agent, messages=convo.messages,
+                        tools=convo.tools, sink=self._sink(current)))
                 except llm.ModelCallFailed as exc:
                     await self.db(model_failure_record, current, exc)
+                    return
+                if reply is None:
                     return
                 await self.prohibitions_check(convo, current, reply)
                 following = await self.db(model_reply_apply, convo, current, reply)
@@ -176,14 +185,33 @@ class Gateway:
         self.held[step.id] = step.lease_owner
         try:
             try:
-                reply = await llm.call_model(clients=self.clients, profile=session.agent, messages=messages,
-                                             tools=[], sink=self._sink(step))
+                reply = await self._call(step, llm.call_model(clients=self.clients, profile=session.agent,
+                                                              messages=messages, tools=[], sink=self._sink(step)))
             except llm.ModelCallFailed as exc:
                 await self.db(model_failure_record, step, exc)
                 return
-            await self.db(record, step, reply)
+            if reply is not None:
+                await self.db(record, step, reply)
         finally:
             self.held.pop(step.id, None)
+
+    async def _call(self, step: Step, call: Awaitable[llm.ModelReply]) -> llm.ModelReply | None:
+        """Await a held step's model call; None when the step was settled elsewhere meanwhile (its
+        turn cancelled, its lease lost) and ``_watch_held`` let the call go: nothing to record, and
+        neither the endpoint's connection nor this gateway's slot stays taken for a reply nobody
+        reads. A cancellation of the gateway itself (its shutdown) goes on up."""
+        task = asyncio.ensure_future(call)
+        self.calls[step.id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if step.id in self.dropped and not _cancelling(asyncio.current_task()):
+                log.info("model gateway: let go of the call of step %s (settled elsewhere)", step.id)
+                return None
+            raise
+        finally:
+            self.calls.pop(step.id, None)
+            self.dropped.discard(step.id)
 
     def _sink(self, step: Step) -> llm.EventSink:
         async def record(type_: str, payload: dict[str, Any]) -> None:
@@ -209,8 +237,11 @@ class Gateway:
         self.clients = llm.ModelClients(self._clients_per_endpoint)
         client = aioredis.from_url(settings.REDIS_URL, max_connections=self.concurrency + 16)
         tasks: set[asyncio.Task[None]] = set()
+        reclaim = asyncio.create_task(self._reclaim(client, tasks))
+        # Kept through the drain: the calls still in flight keep their leases, and a cancelled
+        # turn's call is let go rather than waited for.
         background = [asyncio.create_task(coro) for coro in (
-            self._renew_leases(), self._reclaim(client, tasks), self._heartbeat(client))]
+            self._renew_leases(), self._watch_held(), self._heartbeat(client))]
         log.info("model gateway %s: %d calls at once", self.name, self.concurrency)
         try:
             await self._ensure_group(client)
@@ -236,11 +267,10 @@ class Gateway:
                     for entry_id, fields in entries:
                         self._start(client, tasks, entry_id, fields)
         finally:
-            for task in background:
-                task.cancel()
+            reclaim.cancel()  # takes no new entry
             if tasks:
                 await asyncio.wait(tasks, timeout=settings.AGENTOPS_GATEWAY_DRAIN_SECONDS)
-            for task in tasks:
+            for task in [*tasks, *background]:
                 task.cancel()
             await self.clients.close()
             with contextlib.suppress(aioredis.RedisError):
@@ -329,6 +359,26 @@ class Gateway:
                                   lease_seconds=llm.model_lease_seconds())
                 except Exception:
                     log.exception("model gateway: renewing %d leases failed", len(held))
+
+    async def _watch_held(self) -> None:
+        """Let go of the calls whose steps were settled elsewhere (a cancelled turn or session, a
+        lease the sweeper took back): every ``AGENTOPS_GATEWAY_WATCH_SECONDS``, one indexed query
+        for all held steps."""
+        while True:
+            await asyncio.sleep(settings.AGENTOPS_GATEWAY_WATCH_SECONDS)
+            held = {step_id: owner for step_id, owner in self.held.items() if step_id in self.calls}
+            if not held:
+                continue
+            try:
+                alive = await self.db(steps_still_held, held)
+            except Exception:
+                log.exception("model gateway: checking %d held steps failed", len(held))
+                continue
+            for step_id in held.keys() - alive:
+                task = self.calls.get(step_id)
+                if task is not None and not task.done():
+                    self.dropped.add(step_id)
+                    task.cancel()
 
     async def _heartbeat(self, client: aioredis.Redis) -> None:
         """Say that this gateway is alive (``/healthz`` and the operators read it)."""

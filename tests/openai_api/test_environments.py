@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from fanout_app.models import SubagentLink
+from hosts_app import hooks
 from hosts_app.models import SandboxHost, SessionPlacement
 from openai_api.wire import WireStream
 from sessions_app.engine.commands import session_start
@@ -64,10 +65,22 @@ def test_a_none_session_refuses_an_agent_with_workspace_tools_and_changes_nothin
 
 def test_a_none_session_is_never_offered_a_workspace_tool_added_later(wire_client: Client) -> None:
     agent = _agent(wire_client, WEATHER)
+    SandboxHost.objects.create(name="shared-1", kind="hosted", pool="default", status="online")
     created = _post(wire_client, "/agents/sessions", {"environment": {"type": "none"}, "agent_id": agent,
                                                       "input": "hi"})
     assert created.status_code == 200, created.content
     assert created.json()["environment"] == {"type": "none"}
+    # No sandbox: its ticks never pin it to a host (a host's load counts sessions with workspaces).
+    hooks.cache_clear()
+    none_session = AgentSession.objects.get(pk=created.json()["id"])
+    assert not none_session.has_sandbox and hooks.host_of(none_session) is None
+    assert not SessionPlacement.objects.filter(session=none_session).exists()
+    hosted = _post(wire_client, "/agents/sessions", {"environment": {"type": "self_hosted"}, "agent_id": agent,
+                                                     "input": "hi"})
+    assert hosted.status_code == 200, hosted.content
+    hosted_session = AgentSession.objects.get(pk=hosted.json()["id"])
+    pinned = hooks.host_of(hosted_session)
+    assert hosted_session.has_sandbox and pinned is not None and pinned.name == "shared-1"
     assert _post(wire_client, f"/agents/{agent}", {"tools": [WEATHER, WRITE_FILE]}).status_code == 200
     tool_definitions_cache_clear()
     session = AgentSession.objects.select_related("agent").get(pk=created.json()["id"])

@@ -9,9 +9,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from fanout_app.models import SubagentLink
-from hosts_app.models import SandboxHost
+from hosts_app.models import SandboxHost, SessionPlacement
 from sessions_app.engine.commands import session_start
-from sessions_app.models import Step
+from sessions_app.models import Artifact, Step
 from tests import factories
 from tests.helpers import api_client
 from vault_app.crypto import encrypt
@@ -111,3 +111,19 @@ def test_environments_are_the_visible_sandbox_hosts(operator: User) -> None:
     refused = _call(reviewer, "POST", "/agents/environments", {"environment": {"type": "self_hosted"},
                                                               "agentops_runner": {"name": "r-x", "team": "default"}})
     assert refused.status_code == 403 and SandboxHost.objects.count() == 2
+
+
+def test_artifacts_carry_and_filter_by_their_sessions_environment(operator: User) -> None:
+    host = SandboxHost.objects.create(name="shared-1", kind="hosted", status="online")
+    session = factories.session(owner=operator)
+    SessionPlacement.objects.create(session=session, host=host)
+    artifact = Artifact.objects.create(session=session, path="outputs/a.txt", size=1, sha256="0" * 64,
+                                       storage_path="x/a.txt")
+    client = api_client(operator)
+    base = f"/agents/sessions/{session.id}/artifacts"
+    listed = _call(client, "GET", base).json()["data"]
+    assert [(a["id"], a["environment_id"]) for a in listed] == [(str(artifact.id), "shared-1")]
+    assert [a["id"] for a in _call(client, "GET", f"{base}?environment_id=shared-1").json()["data"]] == \
+        [str(artifact.id)]
+    assert _call(client, "GET", f"{base}?environment_id=elsewhere").json()["data"] == []
+    assert _call(client, "GET", f"{base}/{artifact.id}").json()["environment_id"] == "shared-1"

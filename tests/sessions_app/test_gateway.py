@@ -16,6 +16,7 @@ from scripted_model.server import ScriptedModelServer, start_in_thread
 from sessions_app.engine.commands import session_start
 from sessions_app.engine.gateway import run_in_thread
 from sessions_app.engine.tick import turn_tick
+from sessions_app.engine.turns import turn_cancel
 from sessions_app.models import AgentProfile, Event, Step, Turn
 from sessions_app.services import session_create, turn_create
 from tests import factories
@@ -203,3 +204,23 @@ def test_gateway_stream_survives_redis_errors_on_xadd(engine_agent: AgentProfile
     monkeypatch.setattr(redis.Redis, "xadd", refuse)
     step = _planned_model_step(engine_agent, owner, "say later")
     assert Step.objects.get(pk=step.pk).status == "planned"
+
+
+def test_gateway_lets_go_of_the_call_of_a_cancelled_turn(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, model_gateway: Any) -> None:
+    """Cancelling a turn frees its model call at once: nothing is recorded for it, and neither a
+    connection to the endpoint nor a gateway slot waits out a reply nobody would read."""
+    token = uuid.uuid4().hex
+    _, turn = session_start(agent=engine_agent, owner=owner, input=script("sleep 60000", f"say late {token}"))
+    assert turn is not None
+    wait_for(lambda: model_gateway.in_flight == 1 and model_gateway.calls, 30, "the call held by the gateway")
+    turn_cancel(turn_id=turn.id)
+    # Well before the model's 60 s reply (AGENTOPS_GATEWAY_WATCH_SECONDS: 2).
+    wait_for(lambda: model_gateway.in_flight == 0, 15, "the gateway to let go of the call")
+    assert not model_gateway.calls and not model_gateway.held
+    turn.refresh_from_db()
+    assert turn.status == "cancelled"
+    step = Step.objects.get(turn=turn, kind="model")
+    assert step.status == "cancelled" and step.attempts == 1
+    assert not Event.objects.filter(session_id=turn.session_id, type="model.completed").exists()
+    assert_gap_free(turn.session_id)
