@@ -137,6 +137,12 @@ else:
     if env.str("DATABASE_TEST_NAME", default=""):  # parallel test runs on one server
         DATABASES["default"]["TEST"] = {"NAME": env.str("DATABASE_TEST_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# HTTP requests one web process runs in Django at once (agentops.middleware.RequestGateASGI); the
+# others wait their turn without a thread or a connection. Keep it under AGENTOPS_DB_POOL_SIZE:
+# the process's WebSocket/SSE reads and its announcer take connections from the same pool.
+AGENTOPS_WEB_CONCURRENCY = env.int("AGENTOPS_WEB_CONCURRENCY", default=4)
+# Paths whose requests wait without a database connection (long-polls) and take no place there.
+AGENTOPS_WEB_UNGATED_PREFIXES = ("/api/runner/jobs/next",)
 
 # Redis: the Celery broker and the Channels layer. `make run` starts an embedded one when unset.
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
