@@ -92,6 +92,21 @@ def _cpu(procs: list[psutil.Process]) -> float:
     return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
+def _cpu_by_process(stack: Stack, watchers: list[subprocess.Popen[str]]) -> dict[str, float]:
+    """CPU seconds so far of each stack process (with its children: sandboxes, pool workers), of
+    the watching clients and of PostgreSQL: where the machine's two cores go during the push."""
+    def tree(pid: int) -> float:
+        try:
+            root = psutil.Process(pid)
+            return sum(t.user + t.system for t in (p.cpu_times() for p in [root, *root.children(recursive=True)]))
+        except psutil.Error:
+            return 0.0
+    out = {name: tree(proc.pid) for name, proc in stack.procs.items()}
+    out["clients"] = sum(tree(w.pid) for w in watchers)
+    out["postgres"] = sum(tree(p.pid) for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres")
+    return out
+
+
 def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
     from django.db import close_old_connections
 
@@ -123,12 +138,14 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
                         + ["say done"])
     web = [psutil.Process(stack.procs[name].pid) for name in stack.web_names]
     cpu_before = _cpu(web)
+    each_before = _cpu_by_process(stack, [ws, sse])
     started_at = time.time()
     for sid in ids:
         http.post(f"/api/sessions/{sid}/turns", json={"input": script}).raise_for_status()
     time.sleep(seconds)
     ended_at = time.time()
     cpu_after = _cpu(web)
+    each_after = _cpu_by_process(stack, [ws, sse])
     for sid in ids:  # stop the work; the clients keep what they got
         http.post(f"/api/sessions/{sid}/cancel")
     time.sleep(2)
@@ -177,6 +194,10 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
         print("  WebSocket stages (p50 / p99 ms): " + "; ".join(
             f"{name} {percentile([x[n] for x in stages], 50):.1f} / {percentile([x[n] for x in stages], 99):.1f}"
             for n, name in enumerate(names)))
+    window_s = ended_at - started_at
+    shares = {name: (each_after[name] - each_before.get(name, 0.0)) / window_s * 100 for name in each_after}
+    print(f"  CPU during the push, % of one core (the machine has {psutil.cpu_count()}): "
+          + ", ".join(f"{name} {share:.0f}" for name, share in shares.items()))
     every = latencies["ws"] + latencies["sse"]
     # The issue's measure: commit → received. The announcer stamps each event when its commit
     # returned (its on_commit callback, AGENTOPS_PUSH_TIMINGS), which WebSocket messages carry;
