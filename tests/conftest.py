@@ -123,11 +123,14 @@ def celery_worker(transactional_db: None):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def model_gateway(transactional_db: None):  # type: ignore[no-untyped-def]
-    """A real model gateway (its own event loop, in a thread) reading the real Redis stream."""
+def model_gateway(transactional_db: None, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A real model gateway (its own event loop, in a thread) reading the real Redis stream.
+    ``@pytest.mark.gateway_watch(seconds)``: how often it looks for calls of settled steps."""
     from sessions_app.engine.gateway import run_in_thread
 
-    gateway, thread = run_in_thread(concurrency=50, db_threads=4)
+    marker = request.node.get_closest_marker("gateway_watch")
+    gateway, thread = run_in_thread(concurrency=50, db_threads=4,
+                                    watch_seconds=float(marker.args[0]) if marker else None)
     yield gateway
     gateway.stop_threadsafe()
     thread.join(30)

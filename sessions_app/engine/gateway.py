@@ -79,13 +79,14 @@ class Gateway:
 
     def __init__(self, *, concurrency: int | None = None, db_threads: int | None = None,
                  clients_per_endpoint: int = 8, name: str | None = None, db_in_loop: bool = False,
-                 reclaim_after_seconds: float | None = None) -> None:
+                 reclaim_after_seconds: float | None = None, watch_seconds: float | None = None) -> None:
         """``db_in_loop`` runs the database work on the event loop's own thread, blocking it: only
         for a test that drives one turn and counts its queries on that thread.
         ``reclaim_after_seconds``: an entry read that long ago and never acknowledged belongs to a
         gateway that is gone, and is taken over."""
         self.concurrency = concurrency or settings.AGENTOPS_GATEWAY_CONCURRENCY
         self.reclaim_after = reclaim_after_seconds or settings.AGENTOPS_GATEWAY_RECLAIM_SECONDS
+        self.watch_seconds = watch_seconds or settings.AGENTOPS_GATEWAY_WATCH_SECONDS
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._executor = None if db_in_loop else ThreadPoolExecutor(
             db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS, thread_name_prefix="gateway-db")
@@ -362,10 +363,10 @@ class Gateway:
 
     async def _watch_held(self) -> None:
         """Let go of the calls whose steps were settled elsewhere (a cancelled turn or session, a
-        lease the sweeper took back): every ``AGENTOPS_GATEWAY_WATCH_SECONDS``, one indexed query
-        for all held steps."""
+        lease the sweeper took back): every ``watch_seconds`` (``AGENTOPS_GATEWAY_WATCH_SECONDS``),
+        one indexed query for all held steps."""
         while True:
-            await asyncio.sleep(settings.AGENTOPS_GATEWAY_WATCH_SECONDS)
+            await asyncio.sleep(self.watch_seconds)
             held = {step_id: owner for step_id, owner in self.held.items() if step_id in self.calls}
             if not held:
                 continue

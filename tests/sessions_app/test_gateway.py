@@ -206,6 +206,7 @@ def test_gateway_stream_survives_redis_errors_on_xadd(engine_agent: AgentProfile
     assert Step.objects.get(pk=step.pk).status == "planned"
 
 
+@pytest.mark.gateway_watch(0.5)
 def test_gateway_lets_go_of_the_call_of_a_cancelled_turn(
         engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, model_gateway: Any) -> None:
     """Cancelling a turn frees its model call at once: nothing is recorded for it, and neither a
@@ -215,7 +216,7 @@ def test_gateway_lets_go_of_the_call_of_a_cancelled_turn(
     assert turn is not None
     wait_for(lambda: model_gateway.in_flight == 1 and model_gateway.calls, 30, "the call held by the gateway")
     turn_cancel(turn_id=turn.id)
-    # Well before the model's 60 s reply (AGENTOPS_GATEWAY_WATCH_SECONDS: 2).
+    # Well before the model's 60 s reply (the gateway looks every 0.5 s here).
     wait_for(lambda: model_gateway.in_flight == 0, 15, "the gateway to let go of the call")
     assert not model_gateway.calls and not model_gateway.held
     turn.refresh_from_db()

@@ -157,6 +157,7 @@ def test_inline_model_call_budget_stops_before_the_next_call(engine_agent: Agent
 
 
 @pytest.mark.usefixtures("workers")
+@pytest.mark.gateway_watch(60)  # the reply must come back to be dropped (not be let go of first)
 def test_inline_cancel_while_the_model_answers_records_nothing_after_it(engine_agent: AgentProfile,
                                                                         owner: User) -> None:
     session, turn = session_start(agent=engine_agent, owner=owner, input="\n".join([
