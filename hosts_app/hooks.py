@@ -43,7 +43,9 @@ def host_of(session: AgentSession) -> SandboxHost | None:
     """The session's host, pinned now when it has none (cached on the instance for this tick)."""
     global _no_hosts_until
     if not hasattr(session, CACHE):
-        if time.monotonic() < _no_hosts_until or not session.has_sandbox:
+        if not session.has_sandbox:
+            return None  # no workspace (the wire's environment none): never pinned
+        if time.monotonic() < _no_hosts_until:
             return None  # no host exists, so no placement can (a placement protects its host)
         pinned = session_pin(session=session)
         if pinned is None and not SandboxHost.objects.exists():

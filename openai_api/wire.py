@@ -20,7 +20,7 @@ How agentops maps:
   for a reviewer is an ``mcp_approval_request`` whose ``request_id`` is agentops's approval request
   ID (answer it here only as an eligible reviewer, or in the queue).
 
-One module (~550 lines) on purpose: issue 18 asks for exactly one mapping between agentops's model
+One module (~580 lines) on purpose: issue 18 asks for exactly one mapping between agentops's model
 and the wire types, so that nothing else decides how a row or an event looks on the wire; its
 parts (agents, sessions, turns, items, events, subagents) share the item and status mappings
 above. Parsing requests lives in ``parse``, the routes in ``api``, writes in ``services``.
@@ -511,7 +511,7 @@ class WireStream:
             out = []
             for child in children:
                 out.append({"type": "agent.session.subagent.created", "subagent": self._subagent(child, at, None)})
-                out += self._subagent_turn(child, at, "queued", "created")
+                out += self._subagent_turn(child, at, "queued")
             index = int(payload.get("index", 0))
             for _, item in spawn_items(self._spawn_step(event), agent_id=self.snapshot["agent"]["id"],
                                        children=children, status="in_progress"):
@@ -521,12 +521,11 @@ class WireStream:
             return out
         if kind == "subagent.finished":  # the child's turn ends, then the subagent closes
             status = str(payload.get("status", ""))
-            ended = self._subagent_turn(payload, at, status, status) if status in ("completed", "failed",
-                                                                                   "cancelled") else []
+            ended = self._subagent_turn(payload, at, status) if status in ("completed", "failed", "cancelled") else []
             return [*ended, {"type": "agent.session.subagent.closed", "subagent": self._subagent(payload, at, at)}]
         return []
 
-    def _subagent_turn(self, child: dict[str, Any], at: int | None, status: str, verb: str) -> list[dict[str, Any]]:
+    def _subagent_turn(self, child: dict[str, Any], at: int | None, status: str) -> list[dict[str, Any]]:
         """A child session's turn as the root stream shows it (``turn.subagent_id`` set, so the SDK's
         stream helper, which follows the first root turn, does not take it for the caller's turn):
         ``created`` when the child starts, its terminal event when it finishes. The child's own items
@@ -544,6 +543,7 @@ class WireStream:
             turn["started_at"] = turn["started_at"] or turn["created_at"]
         if status == "failed":
             turn["error"] = turn_error(str(child.get("error_code", "")), str(child.get("error_message", "")))
+        verb = "created" if status == "queued" else status
         return [{"type": f"agent.session.turn.{verb}", "session_id": self.snapshot["id"], "turn_id": str(turn_id),
                  "turn": dict(turn)}]
 

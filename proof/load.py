@@ -87,11 +87,6 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
     print(f"  latency (no target in the issue): p50 {percentile(every, 50):.1f} ms, p99 {percentile(every, 99):.1f} ms")
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
-    """CPU seconds (user + system) of the processes so far."""
-    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
-
-
 def _cpu_by_process(stack: Stack, watchers: list[subprocess.Popen[str]]) -> dict[str, float]:
     """CPU seconds so far of each stack process (with its children: sandboxes, pool workers), of
     the watching clients and of PostgreSQL: where the machine's two cores go during the push."""
@@ -136,15 +131,12 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     steps = int(seconds / (PACE_MS / 1000)) + 20
     script = "\n".join([f"push {uuid.uuid4().hex}"] + [f"sleep {PACE_MS}", 'tool list_files {"path": "."}'] * steps
                         + ["say done"])
-    web = [psutil.Process(stack.procs[name].pid) for name in stack.web_names]
-    cpu_before = _cpu(web)
     each_before = _cpu_by_process(stack, [ws, sse])
     started_at = time.time()
     for sid in ids:
         http.post(f"/api/sessions/{sid}/turns", json={"input": script}).raise_for_status()
     time.sleep(seconds)
     ended_at = time.time()
-    cpu_after = _cpu(web)
     each_after = _cpu_by_process(stack, [ws, sse])
     for sid in ids:  # stop the work; the clients keep what they got
         http.post(f"/api/sessions/{sid}/cancel")
@@ -177,7 +169,6 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     clients = [c for r in reports for c in r["clients"]]
     lost = sum(len(set(range(1, last_seq[c["session"]] + 1)) - set(c["seqs"])) for c in clients)
     latencies: dict[str, list[float]] = {"ws": reports[0]["latencies_ms"], "sse": reports[1]["latencies_ms"]}
-    cpu = (cpu_after - cpu_before) / (ended_at - started_at)
     rows = [[kind, len(xs), f"{percentile(xs, 50):.1f}", f"{percentile(xs, 99):.1f}", f"{max(xs):.1f}"]
             for kind, xs in latencies.items() if xs]
     print_table(["clients (created → received)", "deliveries", "p50 ms", "p99 ms", "max ms"], rows)
@@ -195,7 +186,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
             f"{name} {percentile([x[n] for x in stages], 50):.1f} / {percentile([x[n] for x in stages], 99):.1f}"
             for n, name in enumerate(names)))
     window_s = ended_at - started_at
-    shares = {name: (each_after[name] - each_before.get(name, 0.0)) / window_s * 100 for name in each_after}
+    shares = {name: (after - each_before.get(name, 0.0)) / window_s * 100 for name, after in each_after.items()}
     print(f"  CPU during the push, % of one core (the machine has {psutil.cpu_count()}): "
           + ", ".join(f"{name} {share:.0f}" for name, share in shares.items()))
     every = latencies["ws"] + latencies["sse"]
@@ -211,7 +202,8 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
           f"gaps asked again {sum(c['gaps'] for c in clients)}; reconnects {sum(c['reconnects'] for c in clients)}; "
           f"got only from the final replay {sum(c.get('by_replay', 0) for c in clients)}; "
-          f"lost after replay {lost}; web processes ({len(web)}) CPU {cpu * 100:.0f} % of one core")
+          f"lost after replay {lost}; web processes ({len(stack.web_names)}) CPU "
+          f"{sum(shares[name] for name in stack.web_names):.0f} % of one core")
     result.check(f"engine writes ≥ {TARGET_EVENTS_PER_S:.0f} events/s", f"{rate:.0f}/s", rate >= TARGET_EVENTS_PER_S,
                  timing=True)
     result.check(f"push commit → received p99 ≤ {TARGET_PUSH_P99_MS:.0f} ms",
