@@ -94,6 +94,9 @@ class Gateway:
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
         self.calls: dict[uuid.UUID, asyncio.Task[llm.ModelReply]] = {}  # their model calls in flight
+        # Steps settled elsewhere whose calls the watch let go: a CancelledError raised inside a call
+        # (a dying worker, as tests simulate) is not a let-go, so the cancelled task alone cannot tell.
+        self.dropped: set[uuid.UUID] = set()
         self.in_flight = 0
         self.peak_in_flight = 0
         self._stopping: asyncio.Event | None = None
@@ -205,12 +208,13 @@ class Gateway:
         try:
             return await task
         except asyncio.CancelledError:
-            if task.cancelled() and not _cancelling(asyncio.current_task()):  # only the call: the watch
+            if step.id in self.dropped and not _cancelling(asyncio.current_task()):
                 log.info("model gateway: let go of the call of step %s (settled elsewhere)", step.id)
                 return None
             raise
         finally:
             self.calls.pop(step.id, None)
+            self.dropped.discard(step.id)
 
     def _sink(self, step: Step) -> llm.EventSink:
         async def record(type_: str, payload: dict[str, Any]) -> None:
@@ -375,8 +379,9 @@ class Gateway:
                 continue
             for step_id in held.keys() - alive:
                 task = self.calls.get(step_id)
-                if task is not None:
-                    task.cancel()  # a no-op on a call that is done
+                if task is not None and not task.done():
+                    self.dropped.add(step_id)
+                    task.cancel()
 
     async def _heartbeat(self, client: aioredis.Redis) -> None:
         """Say that this gateway is alive (``/healthz`` and the operators read it)."""
