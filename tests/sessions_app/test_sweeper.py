@@ -29,11 +29,13 @@ from tools_app.selectors import tool_definitions_cache_clear
 
 @pytest.fixture
 def _empty_engine_queue() -> Iterator[None]:
-    """No engine task or kick marker of an earlier test in this run's Redis."""
+    """No engine task, model-stream entry or kick marker of an earlier test in this run's Redis:
+    the sweeper counts all of them as the engine's backlog (CI once saw a stream entry an earlier
+    test left unread take one kick's room)."""
     client = dispatch.redis_client()
 
     def clear() -> None:
-        client.delete(dispatch.ENGINE_QUEUE)
+        client.delete(dispatch.ENGINE_QUEUE, dispatch.MODEL_STREAM)
         for key in client.scan_iter(f"{dispatch.KICK_MARKER}*"):
             client.delete(key)
 
@@ -169,6 +171,7 @@ def test_sweep_kicks_nothing_while_the_engine_backlog_is_deep(settings: Any) -> 
         _quiet_turn()
     client = dispatch.redis_client()
     client.rpush(dispatch.ENGINE_QUEUE, *[b"busy"] * 5)  # a saturated box: five ticks wait already
+    assert dispatch.engine_backlog() == 5
     assert recovery.sweep()["turns_kicked"] == 0
     client.ltrim(dispatch.ENGINE_QUEUE, 0, 2)  # three left: room for two kicks
     assert recovery.sweep()["turns_kicked"] == 2
