@@ -74,7 +74,7 @@ MIDDLEWARE = [
 
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # refuses a locked-out username+address before the password is checked
-    "django.contrib.auth.backends.ModelBackend",
+    "agentops.backends.OneQueryModelBackend",  # ModelBackend, its permissions in one query
 ]
 # Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one username from one
 # address, further attempts are refused (429) for AXES_COOLOFF_TIME; a success resets the count.

@@ -74,8 +74,8 @@ def test_approvals_list_api_filters_by_status_session_and_tool(reviewer: User,
 
     for _ in range(3):
         _pending()
-    # token lookup, two permission reads, one page (decider and session joined): no query per row
-    with django_assert_num_queries(4):
+    # token lookup, one permission read, one page (decider and session joined): no query per row
+    with django_assert_num_queries(3):
         response = api.get("/api/approvals")
     items = response.json()["items"]
     assert len(items) == 6

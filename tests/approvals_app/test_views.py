@@ -72,8 +72,8 @@ def test_queue_constant_queries(operator: User, reviewer: User, agent: AgentProf
         make_approval(operator, agent)
     client = login(reviewer)
     client.get("/approvals/")
-    # session, user, 2 permission reads, queue, tools, agents
-    with django_assert_num_queries(7):
+    # session, user, 1 permission read, queue, tools, agents
+    with django_assert_num_queries(6):
         assert client.get("/approvals/").status_code == 200
 
 
@@ -120,9 +120,9 @@ def test_decision_page_run_command(operator: User, reviewer: User, agent: AgentP
                                                          "timeout_seconds": 30})
     client = login(reviewer)
     client.get(f"/approvals/{approval.request_id}/")
-    # session, user, 2 permission reads, approval, viewed-audit throttle, team role, tool, turn steps,
+    # session, user, 1 permission read, approval, viewed-audit throttle, team role, tool, turn steps,
     # approvals of steps, deltas, audit trail, the request's votes (quorum), the subagent lineage
-    with django_assert_num_queries(14):
+    with django_assert_num_queries(13):
         response = client.get(f"/approvals/{approval.request_id}/")
     body = response.content.decode()
     assert "make deploy" in body and "<code>app</code>" in body and "bubblewrap" in body

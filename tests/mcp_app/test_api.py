@@ -28,7 +28,7 @@ def test_mcp_servers_list_api_is_team_scoped(django_assert_num_queries: Any) -> 
     _server("default", "mine2", 1)
     _server("other", "theirs", 2)
     client = api_client(factories.user("op", groups=["operators"]))
-    with django_assert_num_queries(5):  # auth (token, user) + servers + tools
+    with django_assert_num_queries(4):  # token, permissions (one read), servers, tools
         response = client.get("/api/mcp/servers")
     assert response.status_code == 200, response.content
     body = response.json()

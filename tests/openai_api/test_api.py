@@ -220,8 +220,8 @@ def test_lists_are_cursor_pages_in_a_fixed_number_of_queries(wire_client: Client
     seen: list[str] = []
     after = None
     while True:
-        # token, the user's permissions (2), the cursor's row (after the first page), the page, the tools
-        with django_assert_num_queries(5 if after is None else 6):
+        # token, the user's permissions (1), the cursor's row (after the first page), the page, the tools
+        with django_assert_num_queries(4 if after is None else 5):
             page = _get(wire_client, "/agents/sessions", limit=2, **({"after": after} if after else {})).json()
         seen += [s["id"] for s in page["data"]]
         if not page["has_more"]:

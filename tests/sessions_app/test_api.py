@@ -156,8 +156,8 @@ def test_sessions_list_api_filters_by_status_agent_and_text(api: Client, operato
 
     for _ in range(5):
         factories.session(agent=agent, owner=operator)
-    # token lookup (its last_used_at was written a moment ago), two permission reads, one page: no query per row
-    with django_assert_num_queries(4):
+    # token lookup (its last_used_at was written a moment ago), one permission read, one page: no query per row
+    with django_assert_num_queries(3):
         response = api.get("/api/sessions")
     assert len(response.json()["items"]) == 8
 
@@ -174,7 +174,7 @@ def test_sessions_list_api_cursor_walks_every_session_once(api: Client, operator
     cursor = ""
     pages = 0
     while True:
-        with django_assert_num_queries(4):
+        with django_assert_num_queries(3):
             response = api.get(f"/api/sessions?limit=3{'&cursor=' + cursor if cursor else ''}")
         assert response.status_code == 200
         page = response.json()
@@ -249,7 +249,7 @@ def test_turns_list_api_in_order(api: Client, operator: User, django_assert_num_
     first = factories.turn(session, input="one")
     api.post(f"/api/sessions/{session.id}/cancel")
     second = factories.turn(session, input="two")
-    with django_assert_num_queries(5):  # auth, permissions (2), session, turns
+    with django_assert_num_queries(4):  # auth, permissions (1), session, turns
         response = api.get(f"/api/sessions/{session.id}/turns")
     assert response.status_code == 200
     assert [(t["id"], t["index"], t["status"]) for t in response.json()] == [
@@ -285,7 +285,7 @@ def _session_with_events(owner: User, count: int) -> AgentSession:
 
 def test_events_list_api_pages_by_seq(api: Client, operator: User, django_assert_num_queries: NumQueries) -> None:
     session = _session_with_events(operator, 7)
-    with django_assert_num_queries(5):  # auth, permissions (2), session, events
+    with django_assert_num_queries(4):  # auth, permissions (1), session, events
         response = api.get(f"/api/sessions/{session.id}/events?after=0&limit=3")
     page = response.json()
     assert response.status_code == 200
@@ -475,7 +475,7 @@ def test_artifacts_list_api_and_content_download(api: Client, operator: User,
     second = _artifact(session, "notes.txt", b"n")
     _artifact(factories.session(owner=operator), "elsewhere.txt", b"e")
 
-    with django_assert_num_queries(5):  # auth, permissions (2), session, artifacts
+    with django_assert_num_queries(4):  # auth, permissions (1), session, artifacts
         response = api.get(f"/api/sessions/{session.id}/artifacts")
     assert response.status_code == 200
     items = response.json()
@@ -542,7 +542,7 @@ def test_agents_list_api_lists_enabled_agents(api: Client, django_assert_num_que
     helper.tools.set(ToolDefinition.objects.filter(name__in=["read_file", "list_files"]))
     factories.agent_profile(slug="retired", enabled=False)
     factories.agent_profile(slug="other")
-    with django_assert_num_queries(5):  # auth, permissions (2), agents, their tools
+    with django_assert_num_queries(4):  # auth, permissions (1), agents, their tools
         response = api.get("/api/agents")
     assert response.status_code == 200
     by_slug = {a["slug"]: a for a in response.json()}
@@ -555,7 +555,7 @@ def test_agents_list_api_lists_enabled_agents(api: Client, django_assert_num_que
 def test_tools_list_api_lists_enabled_tools(api: Client, django_assert_num_queries: NumQueries) -> None:
     tool_definitions_seed()
     ToolDefinition.objects.filter(name="send_email").update(enabled=False)
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(3):
         response = api.get("/api/tools")
     assert response.status_code == 200
     tools = {t["name"]: t for t in response.json()}

@@ -64,7 +64,7 @@ def test_overview_counts_and_oldest_approval(operator: User, agent: AgentProfile
     factories.session(agent=agent, owner=operator)
     client = login(operator)
     client.get("/")  # warm the permission cache of the session
-    with django_assert_num_queries(9):  # session, user, 2 permission reads, 5 dashboard reads
+    with django_assert_num_queries(8):  # session, user, 1 permission read, 5 dashboard reads
         response = client.get("/")
     body = response.content.decode()
     assert response.status_code == 200
@@ -96,7 +96,7 @@ def test_overview_stuck_list_covers_every_waiting_state_with_age_and_reason(
     _waiting_session(operator, agent, "fresh approval", "awaiting_approval", "awaiting_approval", minutes=1)
     client = login(operator)
     client.get("/")
-    with django_assert_num_queries(10):  # as below, plus the stuck sessions' blocking steps
+    with django_assert_num_queries(9):  # as below, plus the stuck sessions' blocking steps
         body = client.get("/").content.decode()
     rows = re.findall(r'<li class="stuck-row">(.*?)</li>', body, re.S)
     assert len(rows) == 3
@@ -147,8 +147,8 @@ def test_session_list_constant_queries(operator: User, agent: AgentProfile, coun
         factories.session(agent=agent, owner=operator)
     client = login(operator)
     client.get("/sessions/")
-    # session, user, 2 permission reads, count, page, agents (filter), owners (filter), agents (form)
-    with django_assert_num_queries(9):
+    # session, user, 1 permission read, count, page, agents (filter), owners (filter), agents (form)
+    with django_assert_num_queries(8):
         assert client.get("/sessions/?q=x").status_code == 200
 
 
@@ -222,9 +222,9 @@ def test_session_page_constant_queries(operator: User, agent: AgentProfile, turn
         add_turn_with_steps(session, steps=1 + i, text=f"t{i}")
     client = login(operator)
     client.get(f"/sessions/{session.id}/")
-    # session, user, 2 permission reads, the session row, turns, steps, approvals, streamed deltas,
+    # session, user, 1 permission read, the session row, turns, steps, approvals, streamed deltas,
     # notes (pinned edits, compaction requests), artifacts, grants, subagent lineage and children
-    with django_assert_num_queries(14):
+    with django_assert_num_queries(13):
         response = client.get(f"/sessions/{session.id}/")
     assert response.status_code == 200
     body = response.content.decode()
