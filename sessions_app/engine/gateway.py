@@ -61,6 +61,19 @@ def _pooled() -> bool:
     return bool(settings.DATABASES["default"].get("OPTIONS", {}).get("pool"))
 
 
+def _db_threads(requested: int) -> int:
+    """The gateway's database threads: at most one fewer than the process's pooled connections,
+    so that its announcer (which reads the rows it renders) never queues behind them."""
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    size = pool.get("max_size") if isinstance(pool, dict) else None
+    if size is None or requested < size:
+        return requested
+    threads = max(1, size - 1)
+    log.warning("model gateway: %d database threads on a pool of %d connections; using %d, one connection "
+                "left for the announcer (raise AGENTOPS_DB_POOL_SIZE for more)", requested, size, threads)
+    return threads
+
+
 def _cancelling(task: "asyncio.Task[Any] | None") -> bool:
     """Was this task itself asked to stop (the gateway's shutdown), not only a call it awaited?"""
     return task is not None and task.cancelling() > 0
@@ -89,7 +102,7 @@ class Gateway:
         self.watch_seconds = watch_seconds or settings.AGENTOPS_GATEWAY_WATCH_SECONDS
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._executor = None if db_in_loop else ThreadPoolExecutor(
-            db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS, thread_name_prefix="gateway-db")
+            _db_threads(db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS), thread_name_prefix="gateway-db")
         self._clients_per_endpoint = clients_per_endpoint
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner

@@ -225,3 +225,17 @@ def test_gateway_lets_go_of_the_call_of_a_cancelled_turn(
     assert step.status == "cancelled" and step.attempts == 1
     assert not Event.objects.filter(session_id=turn.session_id, type="model.completed").exists()
     assert_gap_free(turn.session_id)
+
+
+def test_gateway_leaves_one_pooled_connection_for_its_announcer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import settings
+
+    from sessions_app.engine.gateway import Gateway
+
+    options = {**settings.DATABASES["default"].get("OPTIONS", {}), "pool": {"min_size": 1, "max_size": 8}}
+    monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
+    assert Gateway(db_threads=8)._executor._max_workers == 7  # type: ignore[union-attr]
+    assert Gateway(db_threads=12)._executor._max_workers == 7  # type: ignore[union-attr]
+    assert Gateway(db_threads=4)._executor._max_workers == 4  # type: ignore[union-attr]
+    monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", {})  # no pool (SQLite): as asked
+    assert Gateway(db_threads=8)._executor._max_workers == 8  # type: ignore[union-attr]
