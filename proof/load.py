@@ -54,6 +54,7 @@ PACE_MS = 2500
 
 def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Result) -> None:
     print(f"API: {RATE:.0f} requests/s for {seconds:.0f} s from another process (open loop)", flush=True)
+    each_before, started = _cpu_by_process(stack, []), time.monotonic()
     try:
         out = subprocess.run([PY, "-m", "proof._apiload", stack.url, tokens["operator"], tokens["reviewer"], "load",
                               str(RATE), str(seconds)], capture_output=True, text=True, timeout=seconds + 180,
@@ -65,6 +66,7 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
     if out.returncode != 0:
         raise RuntimeError(f"the load generator failed:\n{out.stderr[-3000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
+    spent = {name: after - each_before.get(name, 0.0) for name, after in _cpu_by_process(stack, []).items()}
     every = [x for xs in report["latencies_ms"].values() for x in xs]
     floor = percentile(report["latencies_ms"].get("read session", []), 50)
     rows = []
@@ -85,6 +87,14 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
     result.check(f"API rate held (≥ {0.95 * RATE:.0f}/s sent)", f"{achieved:.1f}/s", achieved >= 0.95 * RATE,
                  timing=True)
     print(f"  latency (no target in the issue): p50 {percentile(every, 50):.1f} ms, p99 {percentile(every, 99):.1f} ms")
+    # Where the cores went while the requests were answered (and the engine ran the turns the
+    # creates and decisions started): what bounds the rate the stack can answer.
+    window = time.monotonic() - started
+    print(f"  CPU while the load generator ran ({window:.0f} s), % of one core (the machine has "
+          f"{psutil.cpu_count()}): " + ", ".join(f"{name} {cpu / window * 100:.0f}" for name, cpu in spent.items()
+                                                if name != "clients"))
+    web_cpu = sum(spent[name] for name in stack.web_names)
+    print(f"  web processes: {web_cpu * 1000 / max(1, len(every)):.1f} ms of CPU per answered request")
 
 
 def _cpu_by_process(stack: Stack, watchers: list[subprocess.Popen[str]]) -> dict[str, float]:
