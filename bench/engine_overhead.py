@@ -151,23 +151,19 @@ def run_floor(profile: Any, owner: Any, n: int, deadline: float) -> tuple[float,
 def _stream(client: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[str, list[Any]]:
     """One streamed chat completion through the same SDK transport as the engine, assembled the same way."""
     import openai
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import ChatCompletion
 
-    from sessions_app.engine.llm import add_tool_call_delta
+    from sessions_app.engine.llm import ModelReply, chunk_fold
 
     body = {"model": "scripted", "messages": messages, "tools": tools, "stream": True,
             "stream_options": {"include_usage": True}}
     stream = client.post("/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
-                         stream_cls=openai.Stream[ChatCompletionChunk])
-    content = ""
+                         stream_cls=openai.Stream[object])
+    reply = ModelReply()
     calls: dict[int, dict[str, str]] = {}
     for chunk in stream:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                content += choice.delta.content
-            for tc in choice.delta.tool_calls or []:
-                add_tool_call_delta(calls, tc)
-    return content, [calls[i] for i in sorted(calls)]
+        chunk_fold(reply, calls, chunk)
+    return reply.content, [calls[i] for i in sorted(calls)]
 
 
 def _bench(ns: tuple[int, ...], config: dict[str, str], model_url: str, worker: Worker) -> None:
