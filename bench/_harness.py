@@ -35,19 +35,23 @@ def _bench_database_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-def _ensure_database(url: str) -> None:
+def _ensure_database(url: str, *, fresh: bool = False) -> None:
     import psycopg
 
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
     admin = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
     with psycopg.connect(admin, autocommit=True) as conn:
+        if fresh:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def configure() -> dict[str, str]:
-    """Set the environment (own database, Redis db 9, a fresh workspace root), set Django up, migrate."""
+def configure(*, fresh_database: bool = False) -> dict[str, str]:
+    """Set the environment (own database, Redis db 9, a fresh workspace root), set Django up, migrate.
+    ``fresh_database``: drop the benchmark's database first (a run that starts sessions must not
+    inherit an earlier run's unfinished ones: the sweeper would drive them beside the new ones)."""
     sys.path.insert(0, str(ROOT))
     os.environ["DJANGO_SETTINGS_MODULE"] = "agentops.settings"
     os.environ.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
@@ -60,7 +64,7 @@ def configure() -> dict[str, str]:
     os.chmod(workspaces, 0o711)  # the sandbox uid must traverse it
     os.environ["AGENTOPS_WORKSPACE_ROOT"] = workspaces
     os.environ["AGENTOPS_ARTIFACT_ROOT"] = workspaces + "-artifacts"
-    _ensure_database(database_url)
+    _ensure_database(database_url, fresh=fresh_database)
 
     import django
 

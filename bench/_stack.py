@@ -1,11 +1,12 @@
 """The product's real processes for the load benchmarks, in a named layout, on this one machine.
 
 Layouts:
-- ``multi``: the README's multi-host layout, collapsed onto one host: daphne, a Celery worker
+- ``multi``: the README's multi-host layout, collapsed onto one host: daphne (``web_processes``
+  of them on one listening socket, as ``make run`` serves), a Celery worker
   (ticks and commands, ``-P threads -c 16``, beat for the sweeper) and two model gateways (one per
   core), every process with its own bounded connection pool; PostgreSQL and Redis of the machine.
 - ``make-run``: exactly what ``make run`` starts (``python -m agentops.run``): SQLite, an embedded
-  Redis, one daphne, one Celery worker (-c 8, with beat), one gateway, default settings.
+  Redis, its daphne processes, one Celery worker (-c 8, with beat), one gateway, default settings.
 
 The scripted model runs as a process of its own (``python -m scripted_model``), so its CPU is
 measured apart from the product's.
@@ -24,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agentops import webserve  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -69,10 +73,10 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
-    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=pass_fds)
         self.procs[name] = proc
         return proc
 
@@ -152,7 +156,7 @@ def start_model(logs: Path, layout: str = "model") -> Stack:
     return stack
 
 
-def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) -> Stack:
+def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, web_processes: int = 2) -> Stack:
     logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
     stack = start_model(logs, layout)
     stack.web_port = free_port()
@@ -169,9 +173,9 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) ->
         wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["make-run"])
         return stack
     env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
-    # Connection budget (default max_connections 100; ours ≤ 60): daphne 12, worker 10, 2 gateways
-    # × 10, beat inside the worker; the benchmark's own process 4.
-    pools = {"web": "12", "worker": "10", "gateway": "10"}
+    # Connection budget (default max_connections 100; ours ≤ 60): daphne 8 each, worker 10, 2
+    # gateways × 10, beat inside the worker; the benchmark's own process 4.
+    pools = {"web": "8", "worker": "10", "gateway": "10"}
     stack.spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
                            "--pool", "threads", "-c", "16", "-l", "warning", "--without-gossip",
                            "--without-mingle", "--schedule", str(logs / "beat-schedule")])
@@ -179,10 +183,15 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str) ->
     for n in (1, 2):
         stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
-    # A listen backlog for bursts of connections (twisted's default is 50), and a WebSocket
-    # handshake window wider than daphne's 5 s for a busy process (else it resets the client).
-    stack.spawn("web", [PY, "-m", "daphne", "-e", f"tcp:port={stack.web_port}:interface=127.0.0.1:backlog=1024",
-                        "--websocket_connect_timeout", "30", "agentops.asgi:application"])
+    # One listening socket (a backlog for bursts of connections), adopted by each daphne; a
+    # WebSocket handshake window wider than daphne's 5 s for a busy process (else it resets the client).
+    sock = webserve.listen("127.0.0.1", stack.web_port)
+    try:
+        for n in range(web_processes):
+            stack.spawn("web" if n == 0 else f"web-{n + 1}", webserve.daphne_command(PY, sock),
+                        pass_fds=(sock.fileno(),))
+    finally:
+        sock.close()  # the children hold it
     stack.env = env
     wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["web"])
     return stack

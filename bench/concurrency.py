@@ -296,9 +296,10 @@ def main() -> None:
     parser.add_argument("--make-run-sessions", nargs="+", type=int, default=[200])
     parser.add_argument("--watch-at", type=int, default=300, help="the N whose run has WebSocket watchers")
     parser.add_argument("--watchers", type=int, default=200)
+    parser.add_argument("--web-processes", type=int, default=2, help="daphne processes of the multi layout")
     args = parser.parse_args()
 
-    config = _harness.configure()
+    config = _harness.configure(fresh_database=True)
     results: list[dict[str, Any]] = []
     print("many sessions at once (issue 10)")
     print(f"  session   {CALLS} model calls × {SLEEP_MS} ms (scripted sleep), list_files between; ideal {IDEAL:.0f} s")
@@ -319,7 +320,8 @@ def main() -> None:
         else:
             sqlite = Path(tempfile.mkdtemp(prefix="agentops-bench-sqlite-")) / "bench.sqlite3"
             database, redis_url, counts = f"sqlite:///{sqlite}", "", args.make_run_sessions
-        stack = _stack.start(layout, database_url=database, redis_url=redis_url, workspaces=config["workspaces"])
+        stack = _stack.start(layout, database_url=database, redis_url=redis_url, workspaces=config["workspaces"],
+                             web_processes=args.web_processes)
         try:
             token = _seed(stack, layout)
             print(f"  {layout:9} processes: {', '.join(stack.procs)} (logs {stack.logs})")
