@@ -72,8 +72,9 @@ def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: s
                    claim: str = "all") -> list[ApprovalRequest]:
     """The pending requests of the user's teams with their session, agent, owner, turn and claim,
     at most ``limit``; the next page starts ``after`` the (created_at, id) of the previous page's
-    last request. One query. ``claim``: ``mine`` (live claims of the user), ``unassigned`` (no
-    live claim) or ``all``. ``order=risk``: priority, then risk, then age (the first page only).
+    last request. Two queries (the page's ids, then its rows; one when the page is empty).
+    ``claim``: ``mine`` (live claims of the user), ``unassigned`` (no live claim) or ``all``.
+    ``order=risk``: priority, then risk, then age (the first page only).
 
     A keyset, not an offset: the queue changes while a reviewer scrolls (decisions remove
     requests), and page N by offset would skip or repeat some.
@@ -88,12 +89,22 @@ def approval_queue(*, user: Any, order: str = "oldest", tool: str = "", agent: s
         qs = qs.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=now))
     if order == "risk":
         qs = qs.order_by("-priority", RISK_ORDER.desc(), "created_at", "id")
-        return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
-    if after is not None:
+    elif after is not None:
         created, pk = after
         qs = (qs.filter(Q(created_at__gt=created) | Q(created_at=created, id__gt=pk)) if oldest_first
               else qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=pk)))
-    return list(qs.select_related("session__owner", "turn").annotate(approvals_given=APPROVALS_GIVEN)[:limit])
+    # The page is chosen on the requests alone, then its rows are read with what they show. In one
+    # query (a join, or the page as a subquery) PostgreSQL joined the session, agent, owner, turn
+    # and users of every pending request before picking the 100 shown: 70 ms at 5,000 pending
+    # (proof/scale.py, past its 100 ms p95 with the page's rendering).
+    page = list(qs.values_list("pk", flat=True)[:limit])
+    if not page:
+        return []
+    rows = (ApprovalRequest.objects.filter(pk__in=page)
+            .select_related("decided_by", "edited_by", "session", "session__agent", "session__owner", "turn",
+                            "claimed_by")
+            .annotate(approvals_given=APPROVALS_GIVEN).order_by(*qs.query.order_by))
+    return list(rows)
 
 
 def identical_pending_groups(*, user: Any, min_size: int = 2) -> list[dict[str, Any]]:

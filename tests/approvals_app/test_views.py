@@ -72,8 +72,8 @@ def test_queue_constant_queries(operator: User, reviewer: User, agent: AgentProf
         make_approval(operator, agent)
     client = login(reviewer)
     client.get("/approvals/")
-    # session, user, 1 permission read, queue, tools, agents
-    with django_assert_num_queries(6):
+    # session, user, 1 permission read, the queue's page (ids, then rows), tools, agents
+    with django_assert_num_queries(7):
         assert client.get("/approvals/").status_code == 200
 
 
