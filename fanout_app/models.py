@@ -31,7 +31,7 @@ class SubagentLink(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["parent_step", "index"]
+        ordering = ["parent_step_id", "index"]
         constraints = [
             models.UniqueConstraint(fields=["parent_step", "index"], name="subagent_unique_index"),
             models.CheckConstraint(condition=Q(depth__gte=1), name="subagent_depth_positive"),
@@ -72,5 +72,5 @@ class BatchMember(models.Model):
     row = models.PositiveIntegerField()
 
     class Meta:
-        ordering = ["batch", "row"]
+        ordering = ["batch_id", "row"]
         constraints = [models.UniqueConstraint(fields=["batch", "row"], name="batchmember_unique_row")]

@@ -228,7 +228,7 @@ class Turn(StateMachine, models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["session", "index"]
+        ordering = ["session_id", "index"]
         constraints = [
             models.UniqueConstraint(fields=["session", "index"], name="turn_unique_index"),
             # At most one active turn per session, enforced by the database.
@@ -347,7 +347,7 @@ class Step(StateMachine, models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["turn", "index"]
+        ordering = ["turn_id", "index"]
         constraints = [
             models.UniqueConstraint(fields=["turn", "index"], name="step_unique_index"),
             status_constraint("step", StepKind, field="kind"),
@@ -379,7 +379,7 @@ class Event(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["session", "seq"]
+        ordering = ["session_id", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_unique_seq")]
 
     def __str__(self) -> str:
@@ -412,7 +412,7 @@ class Artifact(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["session", "created_at"]
+        ordering = ["session_id", "created_at"]
         constraints = [
             models.UniqueConstraint(fields=["session", "path", "sha256"], name="artifact_unique_content"),
         ]
