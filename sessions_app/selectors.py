@@ -87,10 +87,13 @@ def sessions_list(*, user: Any, status: str | None = None, agent: str | None = N
         batch_id = _uuid(batch)
         qs = qs.filter(batch_member__batch_id=batch_id) if batch_id else qs.none()
     if q:
-        # A set of ids, not a correlated EXISTS: PostgreSQL finds the matching turns once through
-        # their trigram index (migration 0004) instead of probing each session's turns in turn.
-        inputs = Turn.objects.filter(input__icontains=q).values("session_id")
-        qs = qs.filter(Q(title__icontains=q) | Q(pk__in=inputs))
+        # Two sets of ids, not a correlated EXISTS nor a LIKE per row: PostgreSQL finds the matching
+        # titles and turns once each through their trigram indexes (migrations 0004, 0009) and tests
+        # each session against both hashed sets, so the newest page stops at its 25th match. (A
+        # UNION of the two sets sorted every match before the page: 30 ms for a common word.)
+        titles = AgentSession.objects.filter(title__icontains=q).order_by().values("pk")
+        inputs = Turn.objects.filter(input__icontains=q).order_by().values("session_id")
+        qs = qs.filter(Q(pk__in=titles) | Q(pk__in=inputs))
     return qs
 
 
