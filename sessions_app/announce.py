@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_SECONDS = 2.0
 QUEUE_LIMIT = 10_000
 BATCH_LIMIT = 200
+LISTENED_TTL_SECONDS = 2.0
+LISTENED_CACHE_LIMIT = 50_000
 
 # Renders the HTML fragments of events for the dashboard, set by SessionsAppConfig.ready();
 # None renders nothing (the payload alone is announced).
@@ -37,6 +39,9 @@ _loop: asyncio.AbstractEventLoop | None = None
 _pending: "queue.Queue[tuple[float, dict[str, Any]]]" = queue.Queue(maxsize=QUEUE_LIMIT)  # (committed at, event)
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
+# Group → until when (time.monotonic) it counts as listened without asking Redis; written by the
+# announcer's loop only.
+_listened_until: dict[str, float] = {}
 
 
 def session_group(session_id: object) -> str:
@@ -118,23 +123,36 @@ async def _listened(groups: set[str]) -> set[str]:
     """The groups someone listens to. Rendering and sending for nobody is pure cost (measured: the
     fragments were a third of the engine's CPU per step); a client that connects later reads the
     backlog from the database. Uses channels_redis's group keys, one pipelined round trip per
-    Redis host; on any doubt, every group."""
+    Redis host; on any doubt, every group.
+
+    A group found listened is taken as listened for ``LISTENED_TTL_SECONDS`` without asking again
+    (sending to a group its last client just left costs one send); one found empty is asked again
+    next time, so a client that subscribes misses nothing. While every group is watched, the
+    check costs no round trip (it was 2 ms of each announcement's p50 under the load proof)."""
     layer = get_channel_layer()
+    clock = time.monotonic()
+    known = {group for group in groups if _listened_until.get(group, 0.0) > clock}
+    groups = groups - known
+    if not groups:
+        return known
     try:
         now = int(time.time())
         by_host: dict[int, list[str]] = {}
         for group in groups:
             by_host.setdefault(layer.consistent_hash(group), []).append(group)
-        listened: set[str] = set()
+        listened: set[str] = set(known)
         for index, names in by_host.items():
             pipe = layer.connection(index).pipeline(transaction=False)
             for group in names:
                 pipe.zcount(layer._group_key(group), now - layer.group_expiry, "+inf")
             counts = await pipe.execute()
             listened.update(group for group, count in zip(names, counts, strict=True) if count)
+        if len(_listened_until) > LISTENED_CACHE_LIMIT:
+            _listened_until.clear()
+        _listened_until.update(dict.fromkeys(listened - known, clock + LISTENED_TTL_SECONDS))
         return listened
     except Exception:
-        return groups
+        return groups | known
 
 
 def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
@@ -144,7 +162,11 @@ def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
     try:
         if only_listened:
             groups = {g for e in events for g in _groups_of(e)}
-            listened = asyncio.run_coroutine_threadsafe(_listened(groups), loop).result(ANNOUNCE_TIMEOUT_SECONDS)
+            clock = time.monotonic()
+            if all(_listened_until.get(g, 0.0) > clock for g in groups):  # no hop to the loop thread either
+                listened = groups
+            else:
+                listened = asyncio.run_coroutine_threadsafe(_listened(groups), loop).result(ANNOUNCE_TIMEOUT_SECONDS)
             kept = [n for n, e in enumerate(events) if any(g in listened for g in _groups_of(e))]
             events = [events[n] for n in kept]
             committed = [committed[n] for n in kept] if committed is not None else None

@@ -83,10 +83,7 @@ def _is_step_event(event: dict[str, Any]) -> bool:
 
 
 def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
-    steps = selectors.steps_by_id(step_ids)
-    if not steps:
-        return {}
-    approvals = approval_selectors.latest_approval_by_step(s.id for s in steps)
+    steps, approvals = approval_selectors.steps_with_latest_approval(step_ids)
     return {str(v.step.id): v for v in presenters.step_views(steps, approvals=approvals)}
 
 

@@ -294,6 +294,8 @@ def test_decided_fragment_removes_the_queue_item(operator: User, reviewer: User,
     html = render_event_fragment(event.as_dict())
     assert f'data-op="remove" data-target="#approval-queue" data-seq="{event.seq}" ' \
            f'data-id="approval-{approval.request_id}"' in html
+    # the step's card, pushed with it, says who decided (its step was asked about: its approval is read)
+    assert f"approve by {reviewer.username}" in html
     assert ToolDefinition.objects.filter(name="run_command").exists()
 
 

@@ -252,3 +252,22 @@ def test_step_outcome_record_and_event_record_concurrent_writers_gap_free() -> N
     expected = len(start) + per_thread * (writers_of_two * 2 + (threads_n - writers_of_two))
     assert _seqs(session.id) == list(range(1, expected + 1))
     assert AgentSession.objects.get(pk=session.pk).tool_calls == writers_of_two * per_thread
+
+
+def test_a_session_found_unwatched_is_checked_again_so_a_new_client_misses_nothing() -> None:
+    session_id = uuid.uuid4()
+    event = {"seq": 1, "type": "note.added", "session_id": str(session_id), "payload": {}}
+    layer = get_channel_layer()
+    group = announce.session_group(session_id)
+    assert announce._send([event], only_listened=True) is True  # nobody listens: nothing sent
+    assert group not in announce._listened_until
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group, channel)
+    try:
+        assert announce._send([{**event, "seq": 2}], only_listened=True) is True
+        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 2
+        assert group in announce._listened_until  # watched: not asked again for a while
+        assert announce._send([{**event, "seq": 3}], only_listened=True) is True
+        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 3
+    finally:
+        async_to_sync(layer.group_discard)(group, channel)

@@ -344,8 +344,9 @@ def test_fragments_push_the_sidebar_once_per_session_on_its_last_event_that_chan
     second = factories.session(agent=agent, owner=operator)
     add_turn_with_steps(second, steps=1)
     events = [e.as_dict() for e in Event.objects.filter(session__in=[first, second]).order_by("session", "seq")]
-    # steps, their approvals, turns, the sessions of the sidebars: whatever the number of events
-    with django_assert_num_queries(4):
+    # steps (each saying whether it was ever asked about: none was, so no approvals query), turns,
+    # the sessions of the sidebars: whatever the number of events
+    with django_assert_num_queries(3):
         htmls = render_event_fragments(events)
     for session in (first, second):
         session.refresh_from_db()
