@@ -146,7 +146,8 @@ def _cmdline(p: psutil.Process) -> list[str]:
 
 def start_model(logs: Path, layout: str = "model") -> Stack:
     """A stack of one process: the scripted model (``python -m scripted_model``)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # AGENTOPS_PUSH_TIMINGS: each announcement carries its stage times (the push summary splits them)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", AGENTOPS_PUSH_TIMINGS="1")
     env.setdefault("AGENTOPS_DEMO", "1")  # a local benchmark: the development secret key is fine
     env.pop("DJANGO_SETTINGS_MODULE", None)
     model_port = free_port()

@@ -37,6 +37,9 @@ class Watcher:
         self.seqs: set[int] = set()
         self.last = 0
         self.latencies: list[float] = []
+        # created → committed → picked by the announcer → listeners checked → rendered → sent →
+        # received, ms (the server's AGENTOPS_PUSH_TIMINGS)
+        self.stages: list[list[float]] = []
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -93,6 +96,10 @@ class Watcher:
         created = datetime.fromisoformat(str(event["created_at"])).timestamp()
         if created > live_after:  # a live event, not the backlog
             self.latencies.append((received - created) * 1000)
+            stages, announced = data.get("stages"), data.get("announced_at")
+            if stages and len(stages) == 4 and announced:
+                marks = [created, *stages, announced, received]
+                self.stages.append([(b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)])
 
 
 async def _close_at(ws: Any, deadline: Deadline) -> None:
@@ -139,6 +146,7 @@ async def main() -> None:
         await asyncio.gather(*tasks)
     report: dict[str, Any] = {
         "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],
+        "stages_ms": [x for w in watchers for x in w.stages],
         "received": {w.session_id: sorted(w.seqs) for w in watchers[::per_session]},
         "per_client": [[w.session_id, len(w.seqs), w.last] for w in watchers],
         "silent": [[w.session_id[:8], round(w.connected_at - started, 1) if w.connected_at else None]

@@ -235,6 +235,13 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
     if short:
         print(f"  (watchers short of events: {len(short)}, e.g. (session, received, stored) {short[:3]})")
     lat = report["latencies_ms"]
+    stages = report.get("stages_ms") or []
+    if stages:  # where a delivery's time went, stage by stage
+        names = ["created → committed", "→ picked by the announcer", "→ listeners checked", "→ rendered",
+                 "→ sent", "→ received"]
+        print("  push stages (p50 / p99 ms): " + "; ".join(
+            f"{name} {pct([x[i] for x in stages], 0.5):.1f} / {pct([x[i] for x in stages], 0.99):.1f}"
+            for i, name in enumerate(names)))
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,
             "reconnects": report["reconnects"],
