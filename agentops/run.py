@@ -4,8 +4,8 @@ Starts an embedded Redis when REDIS_URL is unset, the scripted model server unle
 OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne
 ($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
 with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local)
-and the model gateway (the model calls,
-$AGENTOPS_GATEWAY_CONCURRENCY at once).
+the model gateway (the model calls, $AGENTOPS_GATEWAY_CONCURRENCY at once) and the announcer
+(renders and sends the live events the others relay to it).
 """
 
 import os
@@ -118,6 +118,7 @@ def main() -> int:
             children.append(("worker", worker))
             env["AGENTOPS_WORKSPACE_HOST"] = local_host
             spawn("gateway", [PY, "manage.py", "model_gateway"])
+            spawn("announcer", [PY, "manage.py", "announcer"])  # renders and sends the live events
             # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
             # process is bound to one core by the GIL (agentops/webserve.py).
             sock = stack.enter_context(webserve.listen(host, port))

@@ -240,6 +240,10 @@ AGENTOPS_STREAM_REPLAYS_PER_MINUTE = env.int("AGENTOPS_STREAM_REPLAYS_PER_MINUTE
 # Live push messages carry the announcer's stage times (commit, picked, listeners checked, rendered):
 # what proof/load.py splits the push latency by. Off by default (a few bytes per event).
 AGENTOPS_PUSH_TIMINGS = env.bool("AGENTOPS_PUSH_TIMINGS", default=False)
+# While an announcer process runs (`manage.py announcer`, part of `make run`), writers hand it their
+# committed events through a Redis stream instead of rendering and sending them themselves
+# (sessions_app/announce.py); off: every writer announces its own events.
+AGENTOPS_ANNOUNCE_RELAY = env.bool("AGENTOPS_ANNOUNCE_RELAY", default=True)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 # The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
 # (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.

@@ -3,10 +3,12 @@
 Layouts:
 - ``multi``: the README's multi-host layout, collapsed onto one host: daphne (``web_processes``
   of them on one listening socket, as ``make run`` serves), a Celery worker
-  (ticks and commands, ``-P threads -c 16``, beat for the sweeper) and two model gateways (one per
-  core), every process with its own bounded connection pool; PostgreSQL and Redis of the machine.
+  (ticks and commands, ``-P threads -c 16``, beat for the sweeper), two model gateways (one per
+  core) and the announcer (live events), every process with its own bounded connection pool;
+  PostgreSQL and Redis of the machine.
 - ``make-run``: exactly what ``make run`` starts (``python -m agentops.run``): SQLite, an embedded
-  Redis, its daphne processes, one Celery worker (-c 8, with beat), one gateway, default settings.
+  Redis, its daphne processes, one Celery worker (-c 8, with beat), one gateway, the announcer,
+  default settings.
 
 The scripted model runs as a process of its own (``python -m scripted_model``), so its CPU is
 measured apart from the product's.
@@ -175,14 +177,16 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, we
         return stack
     env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
     # Connection budget (default max_connections 100; ours ≤ 60): daphne 8 each, worker 10, 2
-    # gateways × 10, beat inside the worker; the benchmark's own process 4.
-    pools = {"web": "8", "worker": "10", "gateway": "10"}
+    # gateways × 10, the announcer 4, beat inside the worker; the benchmark's own process 4.
+    pools = {"web": "8", "worker": "10", "gateway": "10", "announcer": "4"}
     stack.spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
                            "--pool", "threads", "-c", "16", "-l", "warning", "--without-gossip",
                            "--without-mingle", "--schedule", str(logs / "beat-schedule")])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
     for n in (1, 2):
         stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
+    stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["announcer"])
+    stack.spawn("announcer", [PY, "manage.py", "announcer"])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
     # One listening socket (a backlog for bursts of connections), adopted by each daphne; a
     # WebSocket handshake window wider than daphne's 5 s for a busy process (else it resets the client).

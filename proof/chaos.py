@@ -59,7 +59,7 @@ from proof._common import (
 from proof.stack import Stack, start_watchers
 from proof.world import CLIENT_TOOL, world_setup
 
-KILLABLE = ["worker-engine", "worker-sandbox", "gateway", "beat", "web"]
+KILLABLE = ["worker-engine", "worker-sandbox", "gateway", "beat", "web", "announcer"]
 
 
 class Counting:
@@ -532,7 +532,7 @@ def _verify(report: dict[str, Any], stack: Stack, counting: Counting, workspaces
             print(f"  stuck turn {t.id} of {t.session_id}: {t.status}")
             print("    steps: " + ", ".join(f"{s.index}:{s.kind}/{s.tool_name}={s.status}"
                                            for s in Step.objects.filter(turn=t).order_by("index")))
-        for name in ("worker-engine", "worker-sandbox", "gateway", "beat", "web"):
+        for name in KILLABLE:
             tail = stack.tail(name, 1500)
             if re.search(r"Traceback|ERROR", tail):
                 print(f"--- {name} log tail ---\n{tail}")

@@ -2,10 +2,11 @@
 
 Processes (one per role, so a chaos loop can kill any one of them): the scripted model server,
 daphne (``web``, ``web-2``, …: $AGENTOPS_WEB_PROCESSES processes on one listening socket held
-here, as ``make run`` does), a Celery worker for ticks (``engine``), one for commands (``sandbox``), the asyncio model
-gateway, and Celery beat (the sweeper). Redis is a ``redis-server`` of the proof's own on a port
-of its own (never the machine's: other people's workers use it); PostgreSQL is the machine's
-server with a database of the proof's own. Everything is stopped on ``stop()``.
+here, as ``make run`` does), a Celery worker for ticks (``engine``), one for commands
+(``sandbox``), the asyncio model gateway, the announcer (live events, ``sessions_app/relay.py``)
+and Celery beat (the sweeper). Redis is a ``redis-server`` of the proof's own on a port of its own
+(never the machine's: other people's workers use it); PostgreSQL is the machine's server with a
+database of the proof's own. Everything is stopped on ``stop()``.
 """
 
 import contextlib
@@ -121,6 +122,7 @@ class Stack:
                                "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
                                "-n", f"sandbox{os.getpid()}@%h"],
             "gateway": [PY, "manage.py", "model_gateway", "--concurrency", "100"],
+            "announcer": [PY, "manage.py", "announcer"],
             "beat": [PY, "-m", "celery", "-A", "agentops", "beat", "-l", "warning",
                      "-s", str(self.logs / "beat-schedule")],
         }

@@ -1,0 +1,94 @@
+"""The announcer process: renders and sends the events that writers relay to it.
+
+Writers append each committed event to the ``RELAY_STREAM`` Redis stream while this process's
+heartbeat key exists (``announce.relay_available``); this loop reads the stream in order, renders
+the fragments of a batch once and sends one message per group, as a writer's own announcer thread
+would, in a process that does nothing else. The stream is read with plain ``XREAD``: announcing is
+at-most-once anyway (clients re-read any gap in ``seq`` from the database), and one reader keeps
+the commit order. The last id read is kept in Redis, so a restarted announcer goes on where the
+last one stopped, at most ``RESUME_SECONDS`` back: older events are already stale for a live view
+(clients re-read them on their next gap or reconnect).
+"""
+
+import json
+import logging
+import threading
+import time
+from contextlib import suppress
+from typing import Any
+
+from django.db import close_old_connections, connection
+
+from agentops.dispatch import redis_client
+from sessions_app import announce
+
+log = logging.getLogger(__name__)
+
+LAST_ID_KEY = "agentops:announcer:last"
+ALIVE_TTL_SECONDS = 5
+HEARTBEAT_SECONDS = 1.0
+BLOCK_MS = 1000
+RESUME_SECONDS = 60
+
+
+def _start_id(client: Any) -> str:
+    """Where to read from: after the last id a previous announcer read, if it is recent; else the
+    stream's end."""
+    last = client.get(LAST_ID_KEY)
+    if not last:
+        return "$"
+    last = last.decode() if isinstance(last, bytes) else str(last)
+    oldest = f"{int((time.time() - RESUME_SECONDS) * 1000)}-0"
+    return last if _id_key(last) >= _id_key(oldest) else oldest
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _decode(entries: list[tuple[Any, dict[Any, Any]]]) -> tuple[list[dict[str, Any]], list[float]]:
+    events, committed = [], []
+    for _, fields in entries:
+        try:
+            event = json.loads(fields[b"e"])
+            at = float(fields.get(b"c", b"0"))
+        except (KeyError, ValueError) as exc:
+            log.warning("skipping a malformed relay entry: %s", exc)
+            continue
+        events.append(event)
+        committed.append(at)
+    return events, committed
+
+
+def relay_run(stop: threading.Event) -> None:
+    """Announce relayed events until ``stop`` is set; survives Redis and database outages."""
+    last_id: str | None = None
+    beat_at = 0.0
+    while not stop.is_set():
+        try:
+            client = redis_client()
+            if time.monotonic() - beat_at >= HEARTBEAT_SECONDS:
+                client.set(announce.RELAY_ALIVE_KEY, "1", ex=ALIVE_TTL_SECONDS)
+                beat_at = time.monotonic()
+            if last_id is None:
+                last_id = _start_id(client)
+            got: Any = client.xread({announce.RELAY_STREAM: last_id}, count=announce.BATCH_LIMIT, block=BLOCK_MS)
+        except Exception as exc:  # Redis down or restarting: writers announce by themselves meanwhile
+            log.warning("announcer: reading the relay stream failed: %s", exc)
+            last_id = None
+            stop.wait(1.0)
+            continue
+        if not got:
+            connection.close()  # idle: hold no database connection
+            continue
+        entries = got[0][1]
+        last_id = entries[-1][0].decode() if isinstance(entries[-1][0], bytes) else str(entries[-1][0])
+        events, committed = _decode(entries)
+        if events:
+            close_old_connections()
+            announce.announce_batch(events, committed=committed)
+        with suppress(Exception):  # else the next read fails the same way and restarts from the stored id
+            client.set(LAST_ID_KEY, last_id)
+    with suppress(Exception):
+        redis_client().delete(announce.RELAY_ALIVE_KEY)  # writers announce by themselves from now on

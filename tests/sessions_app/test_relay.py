@@ -1,0 +1,127 @@
+"""The announcer process (``manage.py announcer``): writers relay their committed events to it and
+it renders and sends them; without one alive, every writer announces by itself."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from agentops.dispatch import redis_client
+from sessions_app import announce
+from sessions_app.events import event_record
+from sessions_app.relay import LAST_ID_KEY
+from tests import factories
+from tests.helpers import ROOT, database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _start_announcer() -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
+    env.pop("DATABASE_TEST_NAME", None)
+    return subprocess.Popen([sys.executable, "manage.py", "announcer"], cwd=ROOT, env=env, start_new_session=True)
+
+
+def _wait_alive(proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while not redis_client().exists(announce.RELAY_ALIVE_KEY):
+        assert proc.poll() is None, "the announcer exited"
+        assert time.monotonic() < deadline, "the announcer never said it is alive"
+        time.sleep(0.05)
+    announce._relay_state["checked_at"] = -1e9  # this process asks again at once
+
+
+@pytest.fixture
+def clean_relay() -> Iterator[None]:
+    client = redis_client()
+    client.delete(announce.RELAY_ALIVE_KEY, announce.RELAY_STREAM, LAST_ID_KEY)
+    announce._relay_state["checked_at"] = -1e9
+    yield
+    client.delete(announce.RELAY_ALIVE_KEY, announce.RELAY_STREAM, LAST_ID_KEY)
+    announce._relay_state["checked_at"] = -1e9
+
+
+def _next_items(layer: Any, channel: str, seq: int) -> dict[str, Any]:
+    """The announcement of event ``seq`` on ``channel`` (earlier ones of the session may come first)."""
+    while True:
+        for item in announce.unbatch(async_to_sync(asyncio.wait_for)(layer.receive(channel), 15)):
+            if item["event"]["seq"] == seq:
+                return item
+
+
+def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
+        clean_relay: None, monkeypatch: pytest.MonkeyPatch, operator: Any, agent: Any) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(announce.session_group(session.id), channel)
+    proc = _start_announcer()
+    rendered_here: list[int] = []
+    real = announce.fragments_renderer
+    assert real is not None
+
+    def counting(events: list[dict[str, Any]]) -> list[str]:
+        rendered_here.extend(int(e["seq"]) for e in events)
+        return real(events)
+
+    try:
+        _wait_alive(proc)
+        monkeypatch.setattr(announce, "fragments_renderer", counting)
+        event = event_record(session_id=session.id, type="session.status_changed", payload={"status": "idle"})
+        got = _next_items(layer, channel, event.seq)
+        assert 'data-target="#session-status"' in got["html"]  # rendered, by the announcer process
+        assert event.seq not in rendered_here  # not by the writer
+        assert int(redis_client().xlen(announce.RELAY_STREAM)) >= 1  # type: ignore[arg-type]
+
+        # The announcer stops (it says so): the writer announces by itself again.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        assert not redis_client().exists(announce.RELAY_ALIVE_KEY)
+        announce._relay_state["checked_at"] = -1e9
+        after = event_record(session_id=session.id, type="session.status_changed", payload={"status": "idle"})
+        assert 'data-target="#session-status"' in _next_items(layer, channel, after.seq)["html"]
+        assert after.seq in rendered_here
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        async_to_sync(layer.group_discard)(announce.session_group(session.id), channel)
+
+
+def test_a_restarted_announcer_sends_what_was_relayed_while_it_was_down(
+        clean_relay: None, operator: Any, agent: Any) -> None:
+    session = factories.session(agent=agent, owner=operator)
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(announce.session_group(session.id), channel)
+    first = _start_announcer()
+    second = None
+    try:
+        _wait_alive(first)
+        seen = event_record(session_id=session.id, type="note.added", payload={"text": "one"})
+        _next_items(layer, channel, seen.seq)
+        os.killpg(first.pid, signal.SIGKILL)  # its heartbeat key outlives it for a few seconds
+        first.wait()
+        assert announce.relay_available()
+        relayed = event_record(session_id=session.id, type="note.added", payload={"text": "two"})
+        deadline = time.monotonic() + 10
+        while int(redis_client().xlen(announce.RELAY_STREAM)) < 2:  # type: ignore[arg-type]  # relayed by the writer
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = _start_announcer()
+        assert _next_items(layer, channel, relayed.seq)["event"]["payload"] == {"text": "two"}
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        async_to_sync(layer.group_discard)(announce.session_group(session.id), channel)
