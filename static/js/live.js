@@ -242,7 +242,7 @@
       var s = Math.max(0, Math.round((now - t) / 1000));
       var label = s < 60 ? s + " s" : s < 3600 ? Math.floor(s / 60) + " min" :
         s < 86400 ? Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min" : Math.floor(s / 86400) + " d";
-      els[i].textContent = label + " ago";
+      if (els[i].textContent !== label + " ago") els[i].textContent = label + " ago";
     }
   }
 
@@ -251,7 +251,7 @@
     var roots = document.querySelectorAll("[data-live]");
     for (var i = 0; i < roots.length && "WebSocket" in window; i++) connect(roots[i]);
     tickTimes();
-    setInterval(tickTimes, 15000);
+    setInterval(tickTimes, 1000);  // a label in seconds ("started 12 s ago") stays true
     setInterval(showPresence, 5000);
   });
 })();

@@ -75,6 +75,9 @@ def test_operator_and_reviewer_live(browser: Any, stack: Stack, world: World) ->
     fetched: list[str] = []  # everything an event changes comes with it: the page fetches nothing
     operator.on("request", lambda r: fetched.append(r.url) if r.resource_type in ("xhr", "fetch") else None)
     session = AgentSession.objects.get(title="Write out.txt")
+    # "started N s ago" stays true while the page is open (re-counted every second, not every 15 s)
+    started = operator.inner_text("main time[data-rel]")
+    wait_for(lambda: operator.inner_text("main time[data-rel]") != started, timeout=4, what="the start time to tick")
 
     # The request appears in the reviewer's queue without a reload, with the exact arguments.
     item = reviewer.wait_for_selector("#approval-queue .qitem")
