@@ -25,7 +25,7 @@ from agentops.domain import NotFound
 from agentops.teams import scope
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest, ApprovalVote, VoteDecision
 from sessions_app.models import Step
-from sessions_app.selectors import db_key, uuids_of
+from sessions_app.selectors import rows_by_id
 
 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
@@ -187,13 +187,8 @@ def steps_with_latest_approval(step_ids: Iterable[Any]) -> tuple[list[Step], dic
     """Steps by id and each one's latest approval request (``latest_approval_by_step``): one query
     when none of them was ever asked about (each row says whether it was), two otherwise. What the
     live step cards read per event batch, where most steps (model calls, read-only tools) have none."""
-    keys = [db_key(Step, key) for key in uuids_of(step_ids)]
-    if not keys:
-        return [], {}
-    # Written out: the ORM took longer to build this query (~1 ms) than PostgreSQL to answer it.
-    sql = (f"SELECT s.*, EXISTS (SELECT 1 FROM {ApprovalRequest._meta.db_table} a WHERE a.step_id = s.id) AS asked"
-           f" FROM {Step._meta.db_table} s WHERE s.id IN ({', '.join(['%s'] * len(keys))})")
-    steps = list(Step.objects.raw(sql, keys))
+    asked = f", EXISTS (SELECT 1 FROM {ApprovalRequest._meta.db_table} a WHERE a.step_id = t.id) AS asked"
+    steps = rows_by_id(Step, step_ids, also=asked)
     return steps, latest_approval_by_step(s.id for s in steps if getattr(s, "asked", True))
 
 

@@ -40,8 +40,8 @@ _loop: asyncio.AbstractEventLoop | None = None
 _pending: "queue.Queue[tuple[float, dict[str, Any]]]" = queue.Queue(maxsize=QUEUE_LIMIT)  # (committed at, event)
 _worker: threading.Thread | None = None
 _lock = threading.Lock()
-# Group → until when (time.monotonic) it counts as listened without asking Redis; written by the
-# announcer's loop only.
+# Group → until when (time.monotonic) it counts as listened without asking Redis (``_send``);
+# written by the announcer's loop only (``_listened``).
 _listened_until: dict[str, float] = {}
 
 
@@ -124,24 +124,16 @@ async def _listened(groups: set[str]) -> set[str]:
     """The groups someone listens to. Rendering and sending for nobody is pure cost (measured: the
     fragments were a third of the engine's CPU per step); a client that connects later reads the
     backlog from the database. Uses channels_redis's group keys, one pipelined round trip per
-    Redis host; on any doubt, every group.
-
-    A group found listened is taken as listened for ``LISTENED_TTL_SECONDS`` without asking again
-    (sending to a group its last client just left costs one send); one found empty is asked again
-    next time, so a client that subscribes misses nothing. While every group is watched, the
-    check costs no round trip (it was 2 ms of each announcement's p50 under the load proof)."""
+    Redis host; on any doubt, every group. Those found listened are remembered
+    (``_listened_until``)."""
     layer = get_channel_layer()
     clock = time.monotonic()
-    known = {group for group in groups if _listened_until.get(group, 0.0) > clock}
-    groups = groups - known
-    if not groups:
-        return known
     try:
         now = int(time.time())
         by_host: dict[int, list[str]] = {}
         for group in groups:
             by_host.setdefault(layer.consistent_hash(group), []).append(group)
-        listened: set[str] = set(known)
+        listened: set[str] = set()
         for index, names in by_host.items():
             pipe = layer.connection(index).pipeline(transaction=False)
             for group in names:
@@ -150,10 +142,10 @@ async def _listened(groups: set[str]) -> set[str]:
             listened.update(group for group, count in zip(names, counts, strict=True) if count)
         if len(_listened_until) > LISTENED_CACHE_LIMIT:
             _listened_until.clear()
-        _listened_until.update(dict.fromkeys(listened - known, clock + LISTENED_TTL_SECONDS))
+        _listened_until.update(dict.fromkeys(listened, clock + LISTENED_TTL_SECONDS))
         return listened
     except Exception:
-        return groups | known
+        return groups
 
 
 def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
@@ -162,12 +154,16 @@ def _send(events: list[dict[str, Any]], *, only_listened: bool = False,
     picked = time.time()
     try:
         if only_listened:
-            groups = {g for e in events for g in _groups_of(e)}
+            # A group found listened counts as listened for LISTENED_TTL_SECONDS without asking
+            # Redis or hopping to the loop thread (sending to a group its last client just left costs
+            # one send); one found empty is asked again each time, so a client that subscribes
+            # misses nothing. (The check was 2 ms of each announcement's p50 in the load proof.)
             clock = time.monotonic()
-            if all(_listened_until.get(g, 0.0) > clock for g in groups):  # no hop to the loop thread either
-                listened = groups
-            else:
-                listened = asyncio.run_coroutine_threadsafe(_listened(groups), loop).result(ANNOUNCE_TIMEOUT_SECONDS)
+            groups = {g for e in events for g in _groups_of(e)}
+            listened = {g for g in groups if _listened_until.get(g, 0.0) > clock}
+            if groups - listened:
+                listened |= asyncio.run_coroutine_threadsafe(_listened(groups - listened), loop).result(
+                    ANNOUNCE_TIMEOUT_SECONDS)
             kept = [n for n, e in enumerate(events) if any(g in listened for g in _groups_of(e))]
             events = [events[n] for n in kept]
             committed = [committed[n] for n in kept] if committed is not None else None

@@ -37,9 +37,13 @@ def _start_id(client: Any) -> str:
     last = client.get(LAST_ID_KEY)
     if not last:
         return "$"
-    last = last.decode() if isinstance(last, bytes) else str(last)
+    last = _text(last)
     oldest = f"{int((time.time() - RESUME_SECONDS) * 1000)}-0"
     return last if _id_key(last) >= _id_key(oldest) else oldest
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _id_key(stream_id: str) -> tuple[int, int]:
@@ -83,7 +87,7 @@ def relay_run(stop: threading.Event) -> None:
             connection.close()  # idle: hold no database connection
             continue
         entries = got[0][1]
-        last_id = entries[-1][0].decode() if isinstance(entries[-1][0], bytes) else str(entries[-1][0])
+        last_id = _text(entries[-1][0])
         events, committed = _decode(entries)
         if events:
             close_old_connections()

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -23,6 +23,8 @@ from agentops.models import Team
 from agentops.teams import OPERATE_ROLES, require_team_role, scope
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
+M = TypeVar("M", bound=Model)
+
 
 def _uuid(value: Any) -> uuid.UUID | None:
     try:
@@ -31,8 +33,7 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return None
 
 
-def uuids_of(values: Iterable[Any]) -> list[uuid.UUID]:
-    """The values that are UUIDs (as such), the others dropped."""
+def _uuids(values: Iterable[Any]) -> list[uuid.UUID]:
     return [key for key in map(_uuid, values) if key is not None]
 
 
@@ -66,20 +67,23 @@ def session_exists(session_id: Any, *, user: Any) -> bool:
 
 
 def sessions_by_id(session_ids: Iterable[Any]) -> dict[str, AgentSession]:
-    """Sessions by their id as text, one query (none for no ids). Written out: live fragments read
-    this per event batch, and the ORM took longer to build the query than PostgreSQL to answer it."""
-    keys = [db_key(AgentSession, key) for key in uuids_of(session_ids)]
-    if not keys:
-        return {}
-    sql = f"SELECT * FROM {AgentSession._meta.db_table} WHERE id IN ({', '.join(['%s'] * len(keys))})"
-    return {str(s.id): s for s in AgentSession.objects.raw(sql, keys)}
+    """Sessions by their id as text, one query (none for no ids)."""
+    return {str(s.id): s for s in rows_by_id(AgentSession, session_ids)}
 
 
-def db_key(model: type[Model], key: uuid.UUID) -> Any:
-    """``key`` as the database takes the model's primary key (a UUID on PostgreSQL, hex on SQLite)."""
+def rows_by_id(model: type[M], ids: Iterable[Any], *, also: str = "") -> list[M]:
+    """Rows of ``model`` by primary key (values that are not UUIDs dropped), unordered, in one
+    written-out query (none for no ids): live fragments read these per event batch, and the ORM took
+    longer to build the query than PostgreSQL to answer it. ``also`` adds select expressions over
+    the table, aliased ``t``."""
     pk = model._meta.pk
     assert pk is not None
-    return pk.get_db_prep_value(key, connection)
+    keys = [pk.get_db_prep_value(key, connection) for key in _uuids(ids)]
+    if not keys:
+        return []
+    sql = (f"SELECT t.*{also} FROM {model._meta.db_table} t"
+           f" WHERE t.{pk.column} IN ({', '.join(['%s'] * len(keys))})")
+    return list(model._default_manager.raw(sql, keys))
 
 
 def sessions_list(*, user: Any, status: str | None = None, agent: str | None = None, owner: str | None = None,
@@ -213,7 +217,7 @@ def turns_of_session_qs(session_id: Any) -> QuerySet[Turn]:
 
 def turns_by_id(turn_ids: Iterable[Any]) -> dict[str, Turn]:
     """Turns (with who created them) by their id as text, one query (none for no ids)."""
-    keys = uuids_of(turn_ids)
+    keys = _uuids(turn_ids)
     return ({str(t.id): t for t in Turn.objects.filter(pk__in=keys).select_related("created_by").order_by()}
             if keys else {})
 
