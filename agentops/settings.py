@@ -130,6 +130,7 @@ else:
         # Parameters bound by the server, not quoted into the SQL text in Python: the engine's
         # one-statement record carries dozens of them per step.
         "server_side_binding": env.bool("DATABASE_SERVER_SIDE_BINDING", default=True),
+        "prepare_threshold": env.int("DATABASE_PREPARE_THRESHOLD", default=5) or None,
         "pool": {"min_size": env.int("AGENTOPS_DB_POOL_MIN", default=1),
                  "max_size": env.int("AGENTOPS_DB_POOL_SIZE", default=10),
                  "timeout": env.float("AGENTOPS_DB_POOL_TIMEOUT", default=30.0)},
