@@ -142,13 +142,20 @@ def host_task_enqueue(name: str, args: list[str], *, queue: str) -> None:
     _on_commit(f"{name} {args}", lambda: app.send_task(name, args=args, queue=queue))
 
 
-def model_call_enqueue(step_id: uuid.UUID | str) -> None:
-    """Hand a planned model step to the model gateway (the Redis stream ``MODEL_STREAM``)."""
-    _on_commit(f"model step {step_id}",
-               lambda: redis_client().xadd(MODEL_STREAM, {"step_id": str(step_id)}))
+def _entry(**ids: uuid.UUID | str | None) -> dict[str, str]:
+    return {name: str(value) for name, value in ids.items() if value is not None}
 
 
-def turn_start_enqueue(turn_id: uuid.UUID | str) -> None:
+def model_call_enqueue(step_id: uuid.UUID | str, *, turn_id: uuid.UUID | str | None = None,
+                       session_id: uuid.UUID | str | None = None) -> None:
+    """Hand a planned model step to the model gateway (the Redis stream ``MODEL_STREAM``). The
+    step's turn and session, when given, ride along: the gateway then looks neither up."""
+    entry = _entry(step_id=step_id, turn_id=turn_id, session_id=session_id)
+    _on_commit(f"model step {step_id}", lambda: redis_client().xadd(MODEL_STREAM, entry))  # type: ignore[arg-type]
+
+
+def turn_start_enqueue(turn_id: uuid.UUID | str, *, session_id: uuid.UUID | str | None = None) -> None:
     """Start a new turn on the model gateway: its first action is a model call, so the gateway
     ticks it itself (one hop less than a Celery tick that hands the call over)."""
-    _on_commit(f"turn {turn_id}", lambda: redis_client().xadd(MODEL_STREAM, {"turn_id": str(turn_id)}))
+    entry = _entry(turn_id=turn_id, session_id=session_id)
+    _on_commit(f"turn {turn_id}", lambda: redis_client().xadd(MODEL_STREAM, entry))  # type: ignore[arg-type]

@@ -72,7 +72,7 @@ def batch_create(*, agent: AgentProfile, owner: User, rows: Sequence[Any], title
                 except DomainError as exc:
                     raise InvalidArguments(f"row {i}: {exc.message}", details={"row": i, **exc.details}) from exc
                 BatchMember.objects.create(batch=batch, session=session, row=i)
-                dispatch.turn_start_enqueue(turn.id)
+                dispatch.turn_start_enqueue(turn.id, session_id=turn.session_id)
     except IntegrityError:  # a concurrent request with the same key won
         found = Batch.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
         if found is None:

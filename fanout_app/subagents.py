@@ -212,7 +212,7 @@ def subagents_spawn(*, step: Step, session: AgentSession) -> str:
                                  "agent": task["agent"].slug, "agent_path": link.agent_path, "status": turn.status,
                                  "turn_id": str(turn.id),
                                  "instructions": task["instructions"]})  # the wire's create_subagent_call
-                dispatch.turn_start_enqueue(turn.id)
+                dispatch.turn_start_enqueue(turn.id, session_id=turn.session_id)
     except TaskError as exc:
         return _fail(step, str(exc))
     # Running without a lease: the turn waits (plan: ``waits``), the sweeper expires nothing.

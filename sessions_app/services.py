@@ -53,12 +53,18 @@ def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | No
     update says so) the move costs one query; otherwise the row is re-read under the lock.
     Fields named in ``set_once`` are written only while the row has none.
     """
-    if known is not None and known.status != to and known.can_move_to(to) and not set_once:
+    if known is not None and known.status != to and known.can_move_to(to):
         session_lock(known.session_id if model is not AgentSession else known.pk)  # type: ignore[attr-defined]
         changes = {"status": to, "updated_at": timezone.now(), **(fields or {})}
-        if model.objects.filter(pk=pk, status=known.status).update(**changes):
+        # A set-once field the known row already has is left alone; one it lacks is written only
+        # while the row still lacks it (else the row is re-read below).
+        unset = {f"{name}__isnull": True for name in set_once if name in changes and getattr(known, name) is None}
+        for name in set_once:
+            if name in changes and getattr(known, name) is not None:
+                del changes[name]
+        if model.objects.filter(pk=pk, status=known.status, **unset).update(**changes):
             for name, value in changes.items():
-                setattr(known, name, value)
+                _set_written(known, name, value)
             return known, True
     try:
         if model is not AgentSession:
@@ -79,40 +85,65 @@ def _transition(model: type[M], pk: Any, to: str, fields: Mapping[str, Any] | No
         setattr(obj, name, value)
         update_fields.append(name)
     obj.save(update_fields=update_fields)
+    for name in update_fields:
+        _set_written(obj, name, getattr(obj, name))
     return obj, True
+
+
+def _set_written(obj: Any, name: str, value: Any) -> None:
+    """Keep ``obj`` as written: a field set by an expression (``F(...) + x``) is dropped from the
+    instance, so reading it loads the stored value rather than the expression."""
+    if hasattr(value, "resolve_expression"):
+        obj.__dict__.pop(name, None)
+    else:
+        setattr(obj, name, value)
 
 
 # --- sessions and turns ------------------------------------------------------------------
 
 @joins_transaction
-def session_transition(*, session_id: uuid.UUID | str, to: str) -> AgentSession:
-    """Move a session. Its status follows its turn's: ``turn_transition`` calls this."""
-    session, changed = _transition(AgentSession, session_id, to)
+def session_transition(*, session_id: uuid.UUID | str, to: str, known: AgentSession | None = None,
+                       wall_seconds_add: float = 0.0) -> AgentSession:
+    """Move a session. Its status follows its turn's: ``turn_transition`` calls this. ``known``:
+    the session as the caller read it under its lock (one query instead of two).
+    ``wall_seconds_add``: a finished turn's wall time, added in the same write."""
+    fields = {"wall_seconds": F("wall_seconds") + wall_seconds_add} if wall_seconds_add else None
+    session, changed = _transition(AgentSession, session_id, to, fields, known=known)
     if changed:
         event_record(session_id=session.id, type="session.status_changed", payload={"status": to})
+    elif wall_seconds_add:
+        AgentSession.objects.filter(pk=session.pk).update(wall_seconds=F("wall_seconds") + wall_seconds_add)
+        session.__dict__.pop("wall_seconds", None)
     return session
 
 
-def _session_follow(turn: Turn) -> AgentSession:
-    """Move the session to the status its turn implies (``SESSION_STATUS_OF_TURN``)."""
-    return session_transition(session_id=turn.session_id, to=SESSION_STATUS_OF_TURN[Turn.Status(turn.status)])
+def _session_follow(turn: Turn, session: AgentSession | None = None, wall_seconds_add: float = 0.0) -> AgentSession:
+    """Move the session to the status its turn implies (``SESSION_STATUS_OF_TURN``). ``session``:
+    the row as read under its lock in this transaction and kept current since (a tick's): when
+    it is there already, nothing is read (nor written, unless there is wall time to add)."""
+    to = SESSION_STATUS_OF_TURN[Turn.Status(turn.status)]
+    if session is not None and session.status == to and not wall_seconds_add:
+        return session
+    return session_transition(session_id=turn.session_id, to=to, known=session, wall_seconds_add=wall_seconds_add)
 
 
 @joins_transaction
 def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID | str | None = None,
-                    **fields: Any) -> Turn:
+                    known: Turn | None = None, session: AgentSession | None = None, **fields: Any) -> Turn:
     """Move a turn, and its session with it; stamp its times; record ``turn.<status>``.
 
     ``started_at`` is the first start: a turn resumed after an approval keeps it, so its wall
     time (and the wall-clock budget) counts from when it began, waits included. A finished turn
-    adds its wall time to the session's.
+    adds its wall time to the session's. ``known`` / ``session``: the turn and its session as
+    the caller read them under the session lock (a tick): no re-reads.
     """
     now = timezone.now()
     if to == Turn.Status.RUNNING:
         fields.setdefault("started_at", now)
     if to in TURN_FINISHED:
         fields.setdefault("finished_at", now)
-    turn, changed = _transition(Turn, turn_id, to, fields, session_id=session_id, set_once=("started_at",))
+    turn, changed = _transition(Turn, turn_id, to, fields, session_id=session_id, set_once=("started_at",),
+                                known=known)
     if not changed:
         return turn
     payload: dict[str, Any] = {"status": to, "index": turn.index}
@@ -124,10 +155,8 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
             payload.update(verdicts=turn.verdicts, criteria_unmet=turn.criteria_unmet)
     event_type = "turn.started" if to == Turn.Status.RUNNING else f"turn.{to}"
     event_record(session_id=turn.session_id, turn_id=turn.id, type=event_type, payload=payload)
-    _session_follow(turn)
-    if to in TURN_FINISHED and turn.started_at:
-        elapsed = (now - turn.started_at).total_seconds()
-        AgentSession.objects.filter(pk=turn.session_id).update(wall_seconds=F("wall_seconds") + elapsed)
+    elapsed = (now - turn.started_at).total_seconds() if to in TURN_FINISHED and turn.started_at else 0.0
+    _session_follow(turn, session, wall_seconds_add=elapsed)
     if to in TURN_FINISHED:
         hooks.turn_ended(turn)  # subagents: wake the parent, cancel the children (fanout_app)
     return turn

@@ -46,7 +46,7 @@ def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: s
                               metadata=metadata), None
     session, turn = session_create_with_turn(agent=agent, owner=owner, input=input, title=title, pinned=pinned,
                                              budget=budget, metadata=metadata, idempotency_key=idempotency_key)
-    dispatch.turn_start_enqueue(turn.id)
+    dispatch.turn_start_enqueue(turn.id, session_id=turn.session_id)
     return session, turn
 
 
@@ -55,7 +55,7 @@ def turn_submit(*, session_id: uuid.UUID | str, input: str, actor: User | None =
                 idempotency_key: str = "") -> Turn:
     """Queue the next input of a session (409 ``turn_active`` while a turn runs)."""
     turn = turn_create(session_id=session_id, input=input, actor=actor, idempotency_key=idempotency_key)
-    dispatch.turn_start_enqueue(turn.id)
+    dispatch.turn_start_enqueue(turn.id, session_id=turn.session_id)
     return turn
 
 

@@ -39,9 +39,9 @@ from django.db import connection
 from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
 from sessions_app.engine import llm
 from sessions_app.engine.compaction import compaction_record_atomic, compaction_request
-from sessions_app.engine.model_step import Conversation, model_failure_record, model_reply_apply
+from sessions_app.engine.model_step import Conversation, Ticked, model_failure_record, model_reply_apply
 from sessions_app.engine.prohibitions import calls_to_check, checks_parse, checks_unavailable, prohibitions_request
-from sessions_app.engine.tick import INLINE_SECONDS, turn_tick
+from sessions_app.engine.tick import INLINE_SECONDS, Claimed, turn_tick
 from sessions_app.engine.tool_steps import tool_step_execute
 from sessions_app.engine.verification import verification_record_atomic, verification_request
 from sessions_app.events import event_record
@@ -72,6 +72,14 @@ def _db_threads(requested: int) -> int:
     log.warning("model gateway: %d database threads on a pool of %d connections; using %d, one connection "
                 "left for the announcer (raise AGENTOPS_DB_POOL_SIZE for more)", requested, size, threads)
     return threads
+
+
+def _uuid(value: bytes | None) -> uuid.UUID | None:
+    """An id from a stream entry's field; None when absent or malformed (then it is looked up)."""
+    try:
+        return uuid.UUID(value.decode()) if value else None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _cancelling(task: "asyncio.Task[Any] | None") -> bool:
@@ -126,52 +134,60 @@ class Gateway:
 
     # --- driving a turn -----------------------------------------------------------------------
 
-    async def turn_drive(self, turn_id: uuid.UUID | str, *, on_ticked: Callable[[], Awaitable[None]] | None = None
-                         ) -> None:
+    async def turn_drive(self, turn_id: uuid.UUID | str, *, on_ticked: Callable[[], Awaitable[None]] | None = None,
+                         session_id: uuid.UUID | None = None) -> None:
         """Tick the turn, run the model calls (and in-process tools) the ticks claim, until it waits
-        or is handed to a Celery worker. ``on_ticked`` runs once the first tick has committed."""
+        or is handed to a Celery worker. ``on_ticked`` runs once the first tick has committed.
+        ``session_id``: the turn's session, when the caller knows it (one query less)."""
         started = time.monotonic()
-        session_id: uuid.UUID | None = None
-        while True:
-            fresh = time.monotonic() - started <= INLINE_SECONDS
-            claimed = await self.db(turn_tick, turn_id, calls_models=True, fresh=fresh, session_id=session_id)
-            if on_ticked is not None:
-                await on_ticked()
-                on_ticked = None
-            if claimed is None:
-                return
-            session_id = claimed.session.id
+
+        def fresh() -> bool:
+            return time.monotonic() - started <= INLINE_SECONDS
+
+        claimed = await self.db(turn_tick, turn_id, calls_models=True, fresh=fresh(), session_id=session_id)
+        if on_ticked is not None:
+            await on_ticked()
+        while claimed is not None:
             if claimed.step.kind == Step.Kind.MODEL:
-                await self.model_steps_drive(claimed.step, deadline=started + INLINE_SECONDS)
+                ticked = await self.model_steps_drive(claimed, deadline=started + INLINE_SECONDS, fresh=fresh)
+                if ticked is not None:  # the reply was recorded and the turn ticked with it
+                    claimed = ticked.claimed
+                    continue
             elif claimed.step.kind == Step.Kind.COMPACTION:
                 await self.side_call_drive(claimed.step, compaction_request, compaction_record_atomic)
             elif claimed.step.kind == Step.Kind.VERIFICATION:
                 await self.side_call_drive(claimed.step, verification_request, verification_record_atomic)
             else:
                 await self.db(tool_step_execute, claimed.step, claimed.approval, claimed.session)
+            claimed = await self.db(turn_tick, turn_id, calls_models=True, fresh=fresh(),
+                                    session_id=claimed.session.id)
 
-    async def model_steps_drive(self, step: Step, *, deadline: float) -> None:
+    async def model_steps_drive(self, claimed: Claimed, *, deadline: float,
+                                fresh: Callable[[], bool] = lambda: True) -> Ticked | None:
         """Call the model for a claimed step and record the reply; while replies ask only for
-        read-only tools, the next model step is claimed with the record and called at once."""
+        read-only tools, the next model step is claimed with the record and called at once. Returns
+        the tick that followed the last record (None: the call failed or was let go; tick again)."""
         assert self.clients is not None
-        convo = await self.db(Conversation.load, step, deadline=deadline)
-        current: Step | None = step
-        while current is not None:
+        convo = await self.db(Conversation.load, claimed.step, deadline=deadline, known=claimed)
+        current = claimed.step
+        while True:
             self.held[current.id] = current.lease_owner
             try:
                 try:
                     reply = await self._call(current, llm.call_model(
                         clients=self.clients, profile=convo.session.agent, messages=convo.messages,
-                        tools=convo.tools, sink=self._sink(current)))
+                        tools=convo.tools, sink=self._sink(current), hold_delta=True))
                 except llm.ModelCallFailed as exc:
                     await self.db(model_failure_record, current, exc)
-                    return
+                    return None
                 if reply is None:
-                    return
+                    return None
                 await self.prohibitions_check(convo, current, reply)
-                following = await self.db(model_reply_apply, convo, current, reply)
+                following = await self.db(model_reply_apply, convo, current, reply, fresh=fresh())
             finally:
                 self.held.pop(current.id, None)
+            if isinstance(following, Ticked):
+                return following
             current = following
 
     async def prohibitions_check(self, convo: Conversation, step: Step, reply: llm.ModelReply) -> None:
@@ -334,8 +350,9 @@ class Gateway:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            if b"turn_id" in fields:  # a new turn
-                await self.turn_drive(fields[b"turn_id"].decode(), on_ticked=ack)
+            session_id = _uuid(fields.get(b"session_id"))
+            if b"turn_id" in fields:  # a new turn, or a planned step whose turn the entry names
+                await self.turn_drive(fields[b"turn_id"].decode(), on_ticked=ack, session_id=session_id)
             else:
                 await self.step_handle(fields.get(b"step_id", b"").decode(), on_ticked=ack)
         except Exception:

@@ -132,13 +132,18 @@ class ModelReply:
     checks: dict[str, Any] | None = None
     check_prompt_tokens: int = 0
     check_completion_tokens: int = 0
+    # With ``hold_delta``: the streamed text not yet reported when the stream ended, for the
+    # caller to record as the last ``model.delta`` with the reply (one write instead of two).
+    held_delta: str = ""
 
 
 class _DeltaFlusher:
     """Buffers streamed text and reports it as ``model.delta`` at most every 100 ms."""
 
     def __init__(self, sink: EventSink) -> None:
-        self.sink, self.buffer, self.last = sink, "", 0.0
+        # Counted from the request: a reply that streams in within the interval is reported once,
+        # with the reply itself when the caller holds the last delta back.
+        self.sink, self.buffer, self.last = sink, "", time.monotonic()
 
     async def add(self, text: str) -> None:
         self.buffer += text
@@ -205,7 +210,7 @@ def chunk_fold(reply: "ModelReply", calls: dict[int, dict[str, str]], chunk: Any
 
 
 async def _call_once(client: openai.AsyncOpenAI, *, model: str, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]], sink: EventSink) -> ModelReply:
+                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False) -> ModelReply:
     kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
                               "stream_options": {"include_usage": True}}
     if tools:
@@ -223,7 +228,10 @@ async def _call_once(client: openai.AsyncOpenAI, *, model: str, messages: list[d
         text = chunk_fold(reply, calls, chunk)
         if text:
             await flusher.add(text)
-    await flusher.flush()
+    if hold_delta:
+        reply.held_delta = flusher.buffer
+    else:
+        await flusher.flush()
     reply.tool_calls = [calls[i] for i in sorted(calls)]
     return reply
 
@@ -237,9 +245,10 @@ def _retry_after(exc: openai.APIStatusError) -> float:
 
 
 async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]], sink: EventSink) -> ModelReply:
+                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False) -> ModelReply:
     """Call the agent's endpoint with bounded retries. Raises ModelCallFailed. ``tools`` is
-    ``tools_param(profile)``, read by the caller off the event loop (it reads the database)."""
+    ``tools_param(profile)``, read by the caller off the event loop (it reads the database).
+    ``hold_delta``: the last streamed text is left in ``reply.held_delta`` for the caller to record."""
     endpoint = clients.endpoint(profile)
     last_error = ""
     attempt, failures = 0, 0
@@ -249,7 +258,7 @@ async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: 
         await endpoint.wait_if_paused()
         try:
             reply = await _call_once(endpoint.client(), model=profile.model, messages=messages, tools=tools,
-                                     sink=sink)
+                                     sink=sink, hold_delta=hold_delta)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             raise ModelCallFailed("authentication_error", f"The model endpoint refused our credentials: {exc}",
                                   retryable=False) from exc
@@ -276,6 +285,8 @@ async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: 
             last_error = f"HTTP {exc.status_code}: {exc}"
         else:
             if reply.finish_reason == "content_filter":
+                if reply.held_delta:  # what streamed before the refusal is still shown
+                    await sink("model.delta", {"text": reply.held_delta})
                 raise ModelCallFailed("policy_refusal", "The model refused (content filter).", retryable=False)
             return reply
         log.warning("model call failed (attempt %d): %s", attempt, last_error)

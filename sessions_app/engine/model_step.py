@@ -26,7 +26,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from agentops.domain import InvalidTransition, joins_transaction
@@ -34,8 +33,9 @@ from sessions_app.engine import llm
 from sessions_app.engine.budgets import budget_crossed, session_counters
 from sessions_app.engine.context import OVERFLOW, compact_at, message_chars, tokens_of
 from sessions_app.engine.hosting import hooks as hosting
-from sessions_app.engine.prompt import build_messages, tool_message
-from sessions_app.engine.record import COUNTERS, StepChange, step_outcome_record
+from sessions_app.engine.prompt import build_messages, system_prompt, tool_message
+from sessions_app.engine.record import COUNTERS, EventSpec, StepChange, step_outcome_record
+from sessions_app.engine.tick import Claimed, turn_tick
 from sessions_app.engine.tool_steps import (
     event_result,
     failpoint_after_tool,
@@ -44,7 +44,6 @@ from sessions_app.engine.tool_steps import (
     tool_available,
 )
 from sessions_app.engine.turns import turn_fail
-from sessions_app.locks import session_lock
 from sessions_app.models import AgentSession, Step, Turn
 from sessions_app.services import step_event_payload, step_result_dropped, step_running, step_transition
 from tools_app.builtin import execute_tool, validate_arguments
@@ -69,15 +68,27 @@ class Conversation:
     tools: list[dict[str, Any]]
     counters: dict[str, Any]
     deadline: float
+    # The session's workspace path is stored (else the next inline write stores it).
+    workspace_saved: bool = True
 
     @classmethod
-    def load(cls, step: Step, *, deadline: float) -> "Conversation":
-        """Read the session and rebuild the history once, for a model step this worker claimed."""
-        session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
-        started_at = Turn.objects.values_list("started_at", flat=True).get(pk=step.turn_id)
-        return cls(session=session, turn_started_at=started_at, messages=build_messages(session),
+    def load(cls, step: Step, *, deadline: float, known: "Claimed | None" = None) -> "Conversation":
+        """Read the session and rebuild the history once, for a model step this worker claimed.
+        ``known``: the tick's claim, whose session and turn were read under the lock just now (not
+        read again); when it says the turn has no history, none is read."""
+        if known is not None and known.turn is not None:
+            session, started_at = known.session, known.turn.started_at
+        else:
+            session = AgentSession.objects.select_related("agent").get(pk=step.session_id)
+            started_at = Turn.objects.values_list("started_at", flat=True).get(pk=step.turn_id)
+        if known is not None and known.no_history and known.turn is not None:
+            messages = [{"role": "system", "content": system_prompt(session)},
+                        {"role": "user", "content": known.turn.input}]
+        else:
+            messages = build_messages(session)
+        return cls(session=session, turn_started_at=started_at, messages=messages,
                    tools=llm.tools_param(session.agent, (session.metadata or {}).get("agentops_tools")),
-                   counters=session_counters(session), deadline=deadline)
+                   counters=session_counters(session), deadline=deadline, workspace_saved=bool(session.workspace))
 
     def in_time(self) -> bool:
         return time.monotonic() < self.deadline
@@ -98,38 +109,56 @@ def _runs_inline(name: str, arguments: dict[str, Any], error: str, session: Agen
 
 # --- recording a reply on its own ------------------------------------------------------------
 
+class StepSettled(InvalidTransition):
+    """The model step was settled elsewhere meanwhile (cancelled)."""
+
+
+def _delta_events(step: Step, reply: llm.ModelReply) -> list[EventSpec]:
+    """The streamed text the call held back (its last ``model.delta``), recorded with the reply."""
+    return [("model.delta", step.id, {"text": reply.held_delta})] if reply.held_delta else []
+
+
 @joins_transaction
-def model_reply_record(*, step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> list[Step]:
-    """Store the assistant message, its usage and its planned tool steps; the tick gates them."""
-    session_lock(step.session_id)
-    step_transition(step_id=step.id, session_id=step.session_id, known=step, to=Step.Status.COMPLETED,
-                    event_type="model.completed", event_payload=llm.reply_event_fields(message, reply),
-                    message=message, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
-    prompt_tokens = reply.prompt_tokens + reply.check_prompt_tokens  # the prohibitions check counts too
-    completion_tokens = reply.completion_tokens + reply.check_completion_tokens
-    AgentSession.objects.filter(pk=step.session_id).update(
-        model_calls=F("model_calls") + 1, prompt_tokens=F("prompt_tokens") + prompt_tokens,
-        completion_tokens=F("completion_tokens") + completion_tokens)
-    Turn.objects.filter(pk=step.turn_id).update(prompt_tokens=F("prompt_tokens") + prompt_tokens,
-                                                 completion_tokens=F("completion_tokens") + completion_tokens)
+def model_reply_record(*, step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> None:
+    """Store the assistant message, its usage and its planned tool steps (the tick gates them), in
+    one statement (``record.step_outcome_record``). Raises ``StepSettled`` (409) when the step is
+    no longer running (cancelled meanwhile): the caller's transaction must then roll back."""
     modes = {name: tool.approval_mode for name, tool in tool_definitions_by_name().items()}
     checks = reply.checks or {}
-    return [Step.objects.create(
-        session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
-        tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
-        error_code="invalid_arguments" if error else "", checks=checks.get(call_id),
-        approval_mode=modes.get(name, ApprovalMode.MUTATING), idempotency_key=f"{step.turn_id}:{call_id}")
-        for i, (name, call_id, arguments, error) in enumerate(llm.planned_calls(message), start=1)]
+    planned = [Step(session_id=step.session_id, turn_id=step.turn_id, index=step.index + i, kind=Step.Kind.TOOL,
+                    tool_name=name, call_id=call_id, arguments=arguments, error_message=error,
+                    error_code="invalid_arguments" if error else "", checks=checks.get(call_id),
+                    approval_mode=modes.get(name, ApprovalMode.MUTATING),
+                    idempotency_key=f"{step.turn_id}:{call_id}")
+               for i, (name, call_id, arguments, error) in enumerate(llm.planned_calls(message), start=1)]
+    events = [*_delta_events(step, reply), ("model.completed", step.id, step_event_payload(
+        step, status=Step.Status.COMPLETED, **llm.reply_event_fields(message, reply)))]
+    counters = step_outcome_record(
+        session_id=step.session_id, turn_id=step.turn_id, events=events,
+        step_changes=[StepChange(step.id, Step.Status.RUNNING, Step.Status.COMPLETED, {
+            "message": message, "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None})],
+        step_inserts=planned, model_calls=1,
+        # the prohibitions check counts in the session's and the turn's tokens too
+        prompt_tokens=reply.prompt_tokens + reply.check_prompt_tokens,
+        completion_tokens=reply.completion_tokens + reply.check_completion_tokens)
+    if counters is None or counters["steps_changed"] != 1:
+        raise StepSettled(f"Model step {step.id} is no longer running; its reply is not recorded")
 
 
-def _reply_record(step: Step, reply: llm.ModelReply, message: dict[str, Any]) -> None:
-    """``model_reply_record``, where a step settled meanwhile (cancelled) keeps its end: the reply
-    is dropped, and the timeline says so."""
+def _reply_record_and_tick(step: Step, reply: llm.ModelReply, message: dict[str, Any], *,
+                           fresh: bool) -> Claimed | None:
+    """Record the reply on its own and tick the turn in the same transaction (one commit, and no
+    moment when the reply is stored but the turn not driven on). Returns the tick's claim. A step
+    settled meanwhile (cancelled) keeps its end: the reply is dropped, and the timeline says so."""
     try:
-        model_reply_record(step=step, reply=reply, message=message)
-    except InvalidTransition:
+        with transaction.atomic():
+            model_reply_record(step=step, reply=reply, message=message)
+            return turn_tick(step.turn_id, calls_models=True, fresh=fresh, session_id=step.session_id)
+    except StepSettled:
         log.info("model step %s was settled meanwhile (cancelled?); its reply is dropped", step.id)
         step_result_dropped(step, "model.reply_dropped")
+    return turn_tick(step.turn_id, calls_models=True, fresh=fresh, session_id=step.session_id)
 
 
 def model_failure_record(step: Step, exc: llm.ModelCallFailed) -> None:
@@ -165,7 +194,8 @@ class _Ran:
 
 def _run_read_only(convo: Conversation, step: Step, tool: ToolDefinition) -> _Ran:
     """Run an unsaved read-only tool step and settle it in memory."""
-    result = execute_tool(name=step.tool_name, workspace=session_workspace(convo.session), arguments=step.arguments,
+    workspace = session_workspace(convo.session, persist=False)  # stored by the write that records this step
+    result = execute_tool(name=step.tool_name, workspace=workspace, arguments=step.arguments,
                           timeout_seconds=tool.timeout_seconds, network="none",
                           idempotency_key=step.idempotency_key, should_cancel=lambda: False).to_dict()
     result = team_redactor_cached(convo.session.team_id).value(result)  # a file may hold a secret
@@ -182,9 +212,17 @@ def _plus(counters: dict[str, Any], **add: int) -> dict[str, Any]:
     return {**counters, **{name: counters[name] + add.get(name, 0) for name in COUNTERS}}
 
 
-def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) -> Step | None:
+@dataclass
+class Ticked:
+    """The reply was recorded on its own and the turn ticked: the work that tick claimed, if any."""
+
+    claimed: Claimed | None
+
+
+def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply, *, fresh: bool = True) -> Step | Ticked:
     """Record the reply of a claimed model step. Returns the next model step, claimed by this
-    worker, when the reply's read-only tools ran inline; None: the tick goes on."""
+    worker, when the reply's read-only tools ran inline; else the reply is recorded on its own and
+    the turn ticked in the same transaction (``fresh``: the tick's, see ``turn_tick``)."""
     message = llm.assistant_message(reply)
     calls = llm.planned_calls(message)
     tools = [_runs_inline(name, arguments, error, convo.session) for name, _, arguments, error in calls]
@@ -194,8 +232,7 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
     if (not calls or None in tools or reply.checks or not convo.in_time()
             or (limit is not None and after_reply["tool_calls"] + len(calls) > limit)
             or budget_crossed(after_reply, convo.turn_seconds(), before="tool")):
-        _reply_record(step, reply, message)
-        return None
+        return Ticked(_reply_record_and_tick(step, reply, message, fresh=fresh))
 
     replied_at = timezone.now()
     ran = []
@@ -205,9 +242,8 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
                          tool_name=name, call_id=call_id, arguments=arguments, approval_mode=tool.approval_mode,
                          idempotency_key=f"{step.turn_id}:{call_id}", attempts=1, started_at=timezone.now())
         ran.append(_run_read_only(convo, tool_step, tool))
-    if any(r.result.get("published_files") for r in ran):
-        _reply_record(step, reply, message)  # artifacts are stored by the general path
-        return None
+    if any(r.result.get("published_files") for r in ran):  # artifacts are stored by the general path
+        return Ticked(_reply_record_and_tick(step, reply, message, fresh=fresh))
 
     predicted = _plus(after_reply, tool_calls=len(ran))
     next_step = None
@@ -215,9 +251,9 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
             convo, reply, message, ran):
         next_step = step_running(session_id=step.session_id, turn_id=step.turn_id, index=step.index + len(ran) + 1,
                                  kind=Step.Kind.MODEL, lease_seconds=llm.model_lease_seconds())
-    events: list[tuple[str, Any, dict[str, Any]]] = [
-        ("model.completed", step.id, step_event_payload(step, status=Step.Status.COMPLETED,
-                                                        **llm.reply_event_fields(message, reply)))]
+    events: list[EventSpec] = [*_delta_events(step, reply), (
+        "model.completed", step.id, step_event_payload(step, status=Step.Status.COMPLETED,
+                                                       **llm.reply_event_fields(message, reply)))]
     for r in ran:
         events.append(("tool.started", r.step.id, _started_payload(r.step)))
         events.append(("tool.completed" if r.ok else "tool.failed", r.step.id,
@@ -234,16 +270,18 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply) ->
                     "lease_expires_at": None})],
                 step_inserts=[r.step for r in ran] + ([next_step] if next_step is not None else []),
                 model_calls=1, tool_calls=len(ran), prompt_tokens=reply.prompt_tokens,
-                completion_tokens=reply.completion_tokens)
+                completion_tokens=reply.completion_tokens,
+                workspace=None if convo.workspace_saved else convo.session.workspace)
             # The budgets were checked against what this worker knew; anyone else's write voids that.
             if counters is None or counters.pop("steps_changed") != 1 or counters != predicted:
                 raise _HandOver
     except _HandOver:
-        _reply_record(step, reply, message)
-        return None
-    convo.counters = counters
+        return Ticked(_reply_record_and_tick(step, reply, message, fresh=fresh))
+    convo.counters, convo.workspace_saved = counters, True
     convo.messages.append(message)
     convo.messages.extend(tool_message(r.step) for r in ran)
+    if next_step is None:
+        return Ticked(turn_tick(step.turn_id, calls_models=True, fresh=fresh, session_id=step.session_id))
     return next_step
 
 

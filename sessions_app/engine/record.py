@@ -72,9 +72,10 @@ def _check_insert(step: Step) -> None:
 
 def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Sequence[EventSpec],
                         step_changes: Sequence[StepChange] = (), step_inserts: Sequence[Step] = (),
-                        **counters: int) -> dict[str, Any] | None:
+                        workspace: str | None = None, **counters: int) -> dict[str, Any] | None:
     """Write one outcome of a turn: events, counter increments (``COUNTERS``), the turn's tokens,
-    conditional step moves and new steps. Call inside atomic(); events are announced after commit.
+    conditional step moves and new steps (and, given ``workspace``, the session's workspace path,
+    first used by this outcome). Call inside atomic(); events are announced after commit.
 
     Returns the session's ``SESSION_FIELDS`` after the write plus ``steps_changed``, how many step
     changes applied (fewer than asked: a step moved meanwhile; the caller rolls back). None: no
@@ -88,7 +89,7 @@ def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Se
         raise TypeError(f"unknown counters {sorted(counters)}")
     dumped = [json.dumps(payload, cls=DjangoJSONEncoder) for _, _, payload in events]
     write = _write_postgres if connection.vendor == "postgresql" else _write_portable
-    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts)
+    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts, workspace)
     if written is None:
         return None
     last_seq, values, changed = written
@@ -109,14 +110,19 @@ def _change_fields(change: StepChange) -> dict[str, Any]:
     return {**change.fields, "status": change.to}
 
 
+def _set_workspace(workspace: str | None) -> tuple[str, list[Any]]:
+    return (", workspace = %s", [workspace]) if workspace is not None else ("", [])
+
+
 def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
-                    step_inserts: Sequence[Step]) -> _Written:
+                    step_inserts: Sequence[Step], workspace: str | None) -> _Written:
     """The write in several statements (SQLite): the same rows, the same order of locks."""
+    set_workspace, workspace_params = _set_workspace(workspace)
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, "
-                       f"{_SET_COUNTERS} WHERE id = %s RETURNING last_seq, {_RETURNING}",
-                       [len(events), *last_event_at_params(now), *add, db_uuid(session_id)])
+                       f"{_SET_COUNTERS}{set_workspace} WHERE id = %s RETURNING last_seq, {_RETURNING}",
+                       [len(events), *last_event_at_params(now), *add, *workspace_params, db_uuid(session_id)])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -137,14 +143,16 @@ def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
 
 def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
-                    step_inserts: Sequence[Step]) -> _Written:
+                    step_inserts: Sequence[Step], workspace: str | None) -> _Written:
     """The write in one statement of data-modifying CTEs. Every CTE after ``s`` reads ``s``, so the
     session row is locked before any other row."""
     n, quote = len(events), connection.ops.quote_name
+    set_workspace, workspace_params = _set_workspace(workspace)
     # Each CTE with its parameters, in the order of the text.
     ctes: list[tuple[str, list[Any]]] = [
-        (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS} "
-         f"WHERE id = %s RETURNING last_seq, {_RETURNING})", [n, *last_event_at_params(now), *add, session_id]),
+        (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS}"
+         f"{set_workspace} WHERE id = %s RETURNING last_seq, {_RETURNING})",
+         [n, *last_event_at_params(now), *add, *workspace_params, session_id]),
         (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
          f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
          f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",

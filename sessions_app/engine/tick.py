@@ -11,10 +11,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db.models import Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agentops import dispatch
+from agentops.domain import joins_transaction
 from approvals_app.models import ApprovalRequest
 from sessions_app import hooks
 from sessions_app.engine import llm
@@ -41,11 +43,16 @@ INLINE_SECONDS = 30.0  # a worker hands the turn to a fresh task after this long
 
 @dataclass
 class Claimed:
-    """Work this worker claimed in a tick: a model step, or a tool step (with its approval)."""
+    """Work this worker claimed in a tick: a model step, or a tool step (with its approval).
+    ``session`` and ``turn`` are the rows as the tick read them under the session lock;
+    ``no_history``: the claimed model step is the first step of the session's first turn, so its
+    prompt is the system prompt and the turn's input alone."""
 
     step: Step
     session: AgentSession
     approval: ApprovalRequest | None = None
+    turn: Turn | None = None
+    no_history: bool = False
 
 
 def _state(step: Step, local: bool = True) -> StepState:
@@ -102,42 +109,51 @@ def _unmet_rounds(turn: Turn, last_model: Step | None) -> int:
                                result__all_met=False).count()
 
 
+def _latest_steps(turn: Turn) -> tuple[Step | None, list[Step]]:
+    """The turn's newest model-kind step and the tool steps after it, in one query."""
+    newest_model = Step.objects.filter(turn_id=turn.pk, kind__in=MODEL_KINDS).order_by("-index").values("index")[:1]
+    rows = list(Step.objects.filter(turn_id=turn.pk, index__gte=Coalesce(Subquery(newest_model), -1))
+                .order_by("index"))
+    last_model = rows[0] if rows and rows[0].kind in MODEL_KINDS else None
+    return last_model, [step for step in rows if step.kind == Step.Kind.TOOL]
+
+
+@joins_transaction
 def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bool = True,
               session_id: uuid.UUID | None = None) -> Claimed | None:
     """Advance the turn as far as it goes without slow work. Returns the work claimed for this
-    worker, or None: the turn waits, is over, or was handed to another queue (after commit)."""
+    worker, or None: the turn waits, is over, or was handed to another queue (after commit).
+    Joins the caller's transaction (the gateway records a reply and ticks in one)."""
     if session_id is None:
         session_id = Turn.objects.filter(pk=turn_id).values_list("session_id", flat=True).first()
         if session_id is None:
             return None
-    with transaction.atomic():
-        session = session_lock_fetch(session_id)
-        turn = Turn.objects.filter(pk=turn_id).first()
-        if session is None or turn is None:
-            return None
-        last_model = Step.objects.filter(turn=turn, kind__in=MODEL_KINDS).order_by("-index").first()
-        tools = list(Step.objects.filter(turn=turn, kind=Step.Kind.TOOL,
-                                         index__gt=last_model.index if last_model else -1).order_by("index"))
-        _poll_waiting(tools, session)
-        while True:
-            context = _context(session, last_model, tools) if turn.status in Turn.ACTIVE else ContextView()
-            decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
-                                             fresh=fresh, context=context))
-            if decision.turn_status is not None and turn.status != decision.turn_status:
-                turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status)
-            if decision.action == Action.COMPACT:
-                assert context.range is not None
-                return _compact(decision, turn, session, context)
-            if decision.action == Action.VERIFY:
-                assert decision.new_index is not None
-                rounds = Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION).count()
-                return _side_call(decision, turn, session, Step.Kind.VERIFICATION,
-                                  {"answer": decision.output_text, "round": rounds + 1})
-            if decision.action != Action.GATE_TOOLS:
-                return _apply(decision, turn, session, last_model, tools)
-            for step in tools:
-                if step.status == Step.Status.PLANNED:
-                    step.status = tool_step_gate(step=step, session=session)
+    session = session_lock_fetch(session_id)
+    turn = Turn.objects.filter(pk=turn_id, session_id=session_id).first()
+    if session is None or turn is None:
+        return None
+    last_model, tools = _latest_steps(turn)
+    _poll_waiting(tools, session)
+    while True:
+        context = _context(session, last_model, tools) if turn.status in Turn.ACTIVE else ContextView()
+        decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
+                                         fresh=fresh, context=context))
+        if decision.turn_status is not None and turn.status != decision.turn_status:
+            turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status, known=turn,
+                                   session=session)
+        if decision.action == Action.COMPACT:
+            assert context.range is not None
+            return _compact(decision, turn, session, context)
+        if decision.action == Action.VERIFY:
+            assert decision.new_index is not None
+            rounds = Step.objects.filter(turn=turn, kind=Step.Kind.VERIFICATION).count()
+            return _side_call(decision, turn, session, Step.Kind.VERIFICATION,
+                              {"answer": decision.output_text, "round": rounds + 1})
+        if decision.action != Action.GATE_TOOLS:
+            return _apply(decision, turn, session, last_model, tools)
+        for step in tools:
+            if step.status == Step.Status.PLANNED:
+                step.status = tool_step_gate(step=step, session=session)
 
 
 def _poll_waiting(tools: list[Step], session: AgentSession) -> None:
@@ -162,7 +178,7 @@ def _side_call(decision: Decision, turn: Turn, session: AgentSession, kind: str,
     assert decision.new_index is not None
     step = Step.objects.create(session=session, turn=turn, index=decision.new_index, kind=kind, arguments=arguments)
     if not decision.claim:
-        dispatch.model_call_enqueue(step.id)
+        dispatch.model_call_enqueue(step.id, turn_id=turn.id, session_id=session.id)
         return None
     claimed = step_claim(step_id=step.id, from_status=Step.Status.PLANNED, lease_seconds=llm.model_lease_seconds(),
                          event_type=f"{kind}.started", known=step)
@@ -187,8 +203,8 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
         case Action.COMPLETE_TURN:
             verified = last_model is not None and last_model.kind == Step.Kind.VERIFICATION
             verdicts = (last_model.result or {}).get("verdicts") if verified and last_model else None
-            turn_transition(turn_id=turn.id, session_id=session.id, to=Turn.Status.COMPLETED,
-                            output_text=decision.output_text, verdicts=verdicts,
+            turn_transition(turn_id=turn.id, session_id=session.id, to=Turn.Status.COMPLETED, known=turn,
+                            session=session, output_text=decision.output_text, verdicts=verdicts,
                             criteria_unmet=decision.criteria_unmet)
             if session.criteria_unmet != decision.criteria_unmet:
                 AgentSession.objects.filter(pk=session.id).update(criteria_unmet=decision.criteria_unmet)
@@ -199,19 +215,20 @@ def _apply(decision: Decision, turn: Turn, session: AgentSession, last_model: St
                 step = step_create_claimed(session_id=session.id, turn_id=turn.id, index=decision.new_index,
                                            kind=Step.Kind.MODEL, lease_seconds=llm.model_lease_seconds(),
                                            event_type="model.started")
-                return Claimed(step, session)
+                return Claimed(step, session, turn=turn,
+                               no_history=turn.index == 1 and last_model is None and not tools)
             assert last_model is not None
             started = f"{last_model.kind}.started"
             claimed = step_claim(step_id=last_model.id, from_status=Step.Status.PLANNED,
                                  lease_seconds=llm.model_lease_seconds(), event_type=started, known=last_model)
-            return Claimed(claimed, session) if claimed else None
+            return Claimed(claimed, session, turn=turn) if claimed else None
         case Action.ENQUEUE_MODEL:
             step_id = decision.step_id
             if step_id is None:
                 assert decision.new_index is not None
                 step_id = Step.objects.create(session=session, turn=turn, index=decision.new_index,
                                               kind=Step.Kind.MODEL).id
-            dispatch.model_call_enqueue(step_id)
+            dispatch.model_call_enqueue(step_id, turn_id=turn.id, session_id=session.id)
             return None
         case Action.CLAIM_TOOL:
             step = next(t for t in tools if t.id == decision.step_id)

@@ -85,8 +85,10 @@ from vault_app.resolve import (
 log = logging.getLogger(__name__)
 
 
-def session_workspace(session: AgentSession) -> Path:
-    """The session's workspace, created (and seeded with the profile's starter files) on first use."""
+def session_workspace(session: AgentSession, *, persist: bool = True) -> Path:
+    """The session's workspace, created (and seeded with the profile's starter files) on first use.
+    ``persist=False``: its path is not stored here; the caller's next write stores it (the inline
+    path's one-statement record)."""
     if session.workspace:
         path = Path(session.workspace)
         if path.is_dir():
@@ -100,7 +102,8 @@ def session_workspace(session: AgentSession) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
             _chown_like(target, path)
-    AgentSession.objects.filter(pk=session.pk).update(workspace=str(path))
+    if persist:
+        AgentSession.objects.filter(pk=session.pk).update(workspace=str(path))
     session.workspace = str(path)
     return path
 
