@@ -4,7 +4,9 @@ subprocesses, and finding sandboxed processes."""
 
 import json
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -14,6 +16,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.test import Client
 from django.utils import timezone
 
@@ -129,3 +133,39 @@ def sandboxed(marker: str) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+@contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """Every SQL statement and commit this thread sends meanwhile, from any of its connections, in
+    order (commits as ``"COMMIT"``). Django's ``CaptureQueriesContext`` sees only the connection
+    of the current context: not what a gateway driven by ``asyncio.run`` on this thread sends
+    from its event loop's own connection. Other threads (an in-process Celery worker) are left out."""
+    sent: list[str] = []
+    mine = threading.get_ident()
+    execute, executemany, commit = CursorWrapper.execute, CursorWrapper.executemany, BaseDatabaseWrapper.commit
+
+    def counting_execute(self: CursorWrapper, sql: str, params: Any = None) -> Any:
+        if threading.get_ident() == mine:
+            sent.append(sql)
+        return execute(self, sql, params)
+
+    def counting_executemany(self: CursorWrapper, sql: str, param_list: Any) -> Any:
+        if threading.get_ident() == mine:
+            sent.append(sql)
+        return executemany(self, sql, param_list)
+
+    def counting_commit(self: BaseDatabaseWrapper) -> None:
+        if threading.get_ident() == mine:
+            sent.append("COMMIT")
+        commit(self)
+
+    setattr(CursorWrapper, "execute", counting_execute)  # noqa: B010  (mypy: a method is not assignable)
+    setattr(CursorWrapper, "executemany", counting_executemany)  # noqa: B010
+    setattr(BaseDatabaseWrapper, "commit", counting_commit)  # noqa: B010
+    try:
+        yield sent
+    finally:
+        setattr(CursorWrapper, "execute", execute)  # noqa: B010
+        setattr(CursorWrapper, "executemany", executemany)  # noqa: B010
+        setattr(BaseDatabaseWrapper, "commit", commit)  # noqa: B010

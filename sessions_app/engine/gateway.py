@@ -128,7 +128,7 @@ class Gateway:
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run synchronous database work in one of the gateway's threads."""
         if self._executor is None:
-            return fn(*args, **kwargs)
+            return _db_call(fn, args, kwargs)  # on the loop's thread (a test's), the connection handed back too
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, partial(_db_call, fn, args, kwargs))
 
@@ -426,12 +426,12 @@ class Gateway:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
-async def turn_drive_once(turn_id: uuid.UUID | str, **kwargs: Any) -> None:
+async def turn_drive_once(turn_id: uuid.UUID | str, *, session_id: uuid.UUID | None = None, **kwargs: Any) -> None:
     """Drive one turn with a gateway that reads no stream (tests, benchmarks)."""
     gateway = Gateway(**kwargs)
     gateway.clients = llm.ModelClients(gateway._clients_per_endpoint)
     try:
-        await gateway.turn_drive(turn_id)
+        await gateway.turn_drive(turn_id, session_id=session_id)
     finally:
         await gateway.clients.close()
         if gateway._executor is not None:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_decide
@@ -21,7 +20,7 @@ from sessions_app.engine.prompt import build_messages
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import session_create, turn_create
 from tests import factories
-from tests.helpers import assert_gap_free, tool
+from tests.helpers import assert_gap_free, statements_sent, tool
 from tests.waiting import wait_for
 from tools_app.selectors import tool_definitions_cache_clear
 
@@ -116,20 +115,40 @@ def test_inline_history_kept_in_memory_is_what_the_database_holds(engine_agent: 
     assert len(seen[-1][0]) == 2 + 2 + 3 + 2  # system, user, then each reply with its results (1, 2, 1 calls)
 
 
+def engine_statements(sent: list[str]) -> list[str]:
+    """The statements of the engine's own rows: without the refills of the short-lived caches of
+    tool definitions, sandbox hosts and the team's secrets (they expire on their own clocks), nor
+    the commits of transactions that held only those."""
+    kept: list[str] = []
+    pending = False
+    for sql in sent:
+        if sql.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE: counted with its COMMIT
+            continue
+        if sql == "COMMIT":
+            if pending:
+                kept.append(sql)
+            pending = False
+        elif not any(f'FROM "{table}' in sql for table in ("tools_app_", "hosts_app_", "vault_app_")):
+            kept.append(sql)
+            pending = True
+    return kept
+
+
 def test_inline_writes_per_step_stay_flat_as_the_history_grows(engine_agent: AgentProfile, owner: User) -> None:
-    def queries(n: int) -> int:
+    def statements(n: int) -> int:
         # Start each run with the short-lived caches of tool definitions empty: every run refills them alike.
         tool_definitions_cache_clear()
-        with CaptureQueriesContext(connection) as captured:
+        with statements_sent() as sent:
             turn = run_turn(engine_agent, owner, "\n".join([tool("list_files", path=".")] * n + ["say done"]))
         assert turn.status == "completed"
-        return len(captured.captured_queries)
+        return len(engine_statements(sent))
 
-    q4, q12, q20 = queries(4), queries(12), queries(20)
+    q4, q12, q20 = statements(4), statements(12), statements(20)
     per_step = (q12 - q4) / 8
     assert q20 - q12 == q12 - q4, (q4, q12, q20)  # the same cost for step 5 and step 20
+    assert per_step >= 1  # the gateway's writes are counted (the loop's own connection, not only this thread's)
     if connection.vendor == "postgresql":
-        assert per_step <= 3, per_step  # BEGIN, one statement, COMMIT
+        assert per_step == 2, per_step  # one statement, COMMIT
 
 
 def test_inline_parallel_calls_that_would_cross_the_tool_budget_hand_over(engine_agent: AgentProfile,
@@ -198,3 +217,25 @@ def test_inline_batch_with_a_mutating_call_goes_through_the_gate(engine_agent: A
     assert done.status == "completed", (done.error_code, done.error_message)
     assert "list_files:" in done.output_text and "run_command: hi" in done.output_text
     assert_gap_free(session.id)
+
+
+def test_a_turn_costs_a_fixed_number_of_statements_around_its_model_calls(engine_agent: AgentProfile,
+                                                                          owner: User) -> None:
+    """What a turn costs besides its model calls: the tick that starts it and claims the first call
+    (one transaction), and the record of the final answer with the tick that completes the turn
+    (one transaction); each read-only call in between adds one statement and its commit."""
+    def statements(script: str) -> list[str]:
+        session = session_create(agent=engine_agent, owner=owner, title="cost")
+        turn = turn_create(session_id=session.id, input=script, actor=owner)
+        with statements_sent() as sent:
+            asyncio.run(turn_drive_once(turn.id, db_in_loop=True, session_id=session.id))
+        assert Turn.objects.get(pk=turn.pk).status == "completed"
+        return engine_statements(sent)
+
+    answer_only = statements("say done")
+    with_reads = statements("\n".join([tool("list_files", path=".")] * 3 + ["say done"]))
+    assert answer_only.count("COMMIT") == 2, answer_only
+    assert with_reads.count("COMMIT") == 2 + 3, with_reads
+    if connection.vendor == "postgresql":
+        assert len(answer_only) <= 18, "\n".join(answer_only)
+        assert len(with_reads) - len(answer_only) == 3 * 2, "\n".join(with_reads)
