@@ -22,7 +22,6 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import F
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from agentops.domain import InvalidTransition, NotFound
@@ -40,6 +39,8 @@ _TURNS = Turn._meta.db_table
 _STEPS = Step._meta.db_table
 _SET_COUNTERS = ", ".join(f"{name} = {name} + %s" for name in COUNTERS)
 _RETURNING = ", ".join(SESSION_FIELDS)
+_STEP_COLUMNS = ", ".join(connection.ops.quote_name(str(f.column)) for f in Step._meta.concrete_fields)
+_STEP_COLUMNS_OF_R = ", ".join(f"r.{connection.ops.quote_name(str(f.column))}" for f in Step._meta.concrete_fields)
 
 # (type, step_id, payload) of one event to append.
 EventSpec = tuple[str, uuid.UUID | None, dict[str, Any]]
@@ -141,32 +142,51 @@ def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
     return row[0], tuple(row[1:]), changed
 
 
+def _json_default(value: Any) -> Any:
+    """JSON for a column value as PostgreSQL reads it back: ids as text, times in full (Django's
+    encoder cuts microseconds)."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return DjangoJSONEncoder().default(value)
+
+
+def _step_rows(steps: Sequence[Step]) -> str:
+    """New steps as the JSON array ``jsonb_populate_recordset`` reads: every column, as the ORM
+    would store it (``auto_now`` stamps included); a null JSON value stays SQL NULL."""
+    rows = [{field.column: field.pre_save(step, True) for field in Step._meta.concrete_fields} for step in steps]
+    return json.dumps(rows, default=_json_default)
+
+
 def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
                     step_inserts: Sequence[Step], workspace: str | None) -> _Written:
     """The write in one statement of data-modifying CTEs. Every CTE after ``s`` reads ``s``, so the
-    session row is locked before any other row."""
-    n, quote = len(events), connection.ops.quote_name
-    set_workspace, workspace_params = _set_workspace(workspace)
+    session row is locked before any other row. The events and the new steps travel as one JSON
+    parameter each: the statement's text is the same for every outcome with the same step moves
+    (prepared once per connection, ``DATABASE_PREPARE_THRESHOLD``) and its parameters few."""
+    quote = connection.ops.quote_name
+    events_json = "[" + ", ".join(
+        f'{{"ord": {i}, "type": {json.dumps(type_)}, "step_id": {json.dumps(str(step_id) if step_id else None)}, '
+        f'"payload": {text}}}' for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True),
+                                                                          start=1)) + "]"
     # Each CTE with its parameters, in the order of the text.
     ctes: list[tuple[str, list[Any]]] = [
-        (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS}"
-         f"{set_workspace} WHERE id = %s RETURNING last_seq, {_RETURNING})",
-         [n, *last_event_at_params(now), *add, *workspace_params, session_id]),
+        (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS}, "
+         f"workspace = COALESCE(%s, workspace) WHERE id = %s RETURNING last_seq, {_RETURNING})",
+         [len(events), *last_event_at_params(now), *add, workspace, session_id]),
         (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
          f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
          f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",
          [add[2], add[3], now, turn_id, session_id]),
+        (f"e AS (INSERT INTO {EVENTS_TABLE} (session_id, seq, type, turn_id, step_id, payload, created_at) "
+         f"SELECT %s::uuid, s.last_seq - %s::int + v.ord, v.type, t.id, v.step_id, v.payload, %s "
+         f"FROM s, t, jsonb_to_recordset(%s::jsonb) AS v(ord int, type text, step_id uuid, payload jsonb))",
+         [session_id, len(events), now, events_json]),
+        (f"i AS (INSERT INTO {_STEPS} ({_STEP_COLUMNS}) SELECT {_STEP_COLUMNS_OF_R} FROM s, "
+         f"jsonb_populate_recordset(NULL::{_STEPS}, %s::jsonb) AS r)", [_step_rows(step_inserts)]),
     ]
-    if events:
-        values = ", ".join(["(%s::int, %s::text, %s::uuid, %s::jsonb)"] * n)
-        params: list[Any] = [now, session_id]
-        for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True), start=1):
-            params += [i, type_, step_id, text]
-        ctes.append((f"e AS (INSERT INTO {EVENTS_TABLE} (session_id, seq, type, turn_id, step_id, payload, "
-                     f"created_at) SELECT sid.v, s.last_seq - {n} + v.ord, v.type, t.id, v.step_id, v.payload, %s "
-                     f"FROM s, t, (SELECT %s::uuid AS v) AS sid, "
-                     f"(VALUES {values}) AS v(ord, type, step_id, payload))", params))
     changed = []
     for k, change in enumerate(step_changes):
         sets, params = [], []
@@ -178,11 +198,6 @@ def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
                      f"WHERE {_STEPS}.id = %s AND {_STEPS}.status = %s RETURNING {_STEPS}.id)",
                      [*params, change.step_id, change.from_status]))
         changed.append(f"(SELECT count(*) FROM u{k})")
-    if step_inserts:
-        query = InsertQuery(Step)
-        query.insert_values(Step._meta.concrete_fields, list(step_inserts))
-        ((insert_sql, insert_params),) = query.get_compiler(connection=connection).as_sql()
-        ctes.append((f"i AS ({insert_sql})", list(insert_params)))
     sql = (f"WITH {', '.join(text for text, _ in ctes)} SELECT last_seq, {_RETURNING}, "
            f"(SELECT count(*) FROM t), {' + '.join(changed) or '0'} FROM s")
     with connection.cursor() as cursor:

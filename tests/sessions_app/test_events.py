@@ -190,6 +190,42 @@ def test_step_outcome_record_appends_events_counters_and_steps_together() -> Non
 
 
 @pytest.mark.django_db(transaction=True)
+def test_step_outcome_record_stores_a_new_step_as_the_orm_would() -> None:
+    """The PostgreSQL write sends new steps as one JSON parameter (jsonb_populate_recordset): every
+    column must come back as a save through the ORM stores it: a missing JSON value NULL (not JSON
+    null), times to the microsecond, ids, nested JSON, the auto_now stamps."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions_app.engine.record import step_outcome_record
+    from sessions_app.models import Step
+
+    session = factories.session()
+    turn = factories.turn(session)
+    lease = timezone.now().replace(microsecond=123456) + timedelta(minutes=1)
+
+    def step(index: int) -> Step:
+        return Step(session_id=session.id, turn_id=turn.id, index=index, kind="tool", status="completed",
+                    tool_name="list_files", call_id=f"call-{index}", arguments={"path": ".", "deep": [1, {"x": None}]},
+                    approval_mode="safe_readonly", result={"status": "completed", "output": "é\n"}, attempts=1,
+                    idempotency_key=f"{turn.id}:call-{index}", lease_owner="w", lease_expires_at=lease,
+                    started_at=lease, finished_at=lease)
+
+    step(1).save(force_insert=True)
+    with transaction.atomic():
+        step_outcome_record(session_id=session.id, turn_id=turn.id, events=[], step_inserts=[step(2)])
+    fields = [f.attname for f in Step._meta.concrete_fields if f.attname not in (
+        "id", "index", "call_id", "idempotency_key", "created_at", "updated_at")]
+    orm, written = (Step.objects.filter(turn=turn, index=i).values(*fields, "created_at", "updated_at").get()
+                    for i in (1, 2))
+    assert {f: written[f] for f in fields} == {f: orm[f] for f in fields}
+    assert written["checks"] is None and written["manifest"] is None  # SQL NULL, not JSON null
+    assert Step.objects.filter(turn=turn, index=2, checks__isnull=True, manifest__isnull=True).exists()
+    assert written["created_at"] is not None and written["updated_at"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
 def test_step_outcome_record_step_change_applies_only_from_its_status() -> None:
     from sessions_app.engine.record import StepChange, step_outcome_record
     from sessions_app.models import Step
