@@ -169,6 +169,7 @@ class Gateway:
         the tick that followed the last record (None: the call failed or was let go; tick again)."""
         assert self.clients is not None
         convo = await self.db(Conversation.load, claimed.step, deadline=deadline, known=claimed)
+        bodies = llm.RequestBodies()
         current = claimed.step
         while True:
             self.held[current.id] = current.lease_owner
@@ -176,7 +177,7 @@ class Gateway:
                 try:
                     reply = await self._call(current, llm.call_model(
                         clients=self.clients, profile=convo.session.agent, messages=convo.messages,
-                        tools=convo.tools, sink=self._sink(current), hold_delta=True))
+                        tools=convo.tools, sink=self._sink(current), hold_delta=True, bodies=bodies))
                 except llm.ModelCallFailed as exc:
                     await self.db(model_failure_record, current, exc)
                     return None

@@ -209,12 +209,40 @@ def chunk_fold(reply: "ModelReply", calls: dict[int, dict[str, str]], chunk: Any
     return text
 
 
+def _dumps(value: Any) -> bytes:
+    # As the SDK encodes a request body (openai._utils._json.openapi_dumps).
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class RequestBodies:
+    """The request bodies of one conversation, each message JSON-encoded once: a call's body costs
+    its new messages, where the SDK's encoder walks the whole history again on every call. A
+    message is recognised by identity: the conversation appends messages and never edits them."""
+
+    def __init__(self) -> None:
+        self._messages: list[tuple[Any, bytes]] = []
+        self._head: tuple[str, Any, bytes] | None = None
+
+    def body(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> bytes:
+        if self._head is None or self._head[0] != model or self._head[1] is not tools:
+            fields: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+            if tools:
+                fields["tools"] = tools
+            self._head = (model, tools, _dumps(fields)[:-1])
+        encoded = self._messages
+        for i, message in enumerate(messages):
+            if i == len(encoded):
+                encoded.append((message, _dumps(message)))
+            elif encoded[i][0] is not message:
+                encoded[i] = (message, _dumps(message))
+        del encoded[len(messages):]
+        return self._head[2] + b',"messages":[' + b",".join(text for _, text in encoded) + b"]}"
+
+
 async def _call_once(client: openai.AsyncOpenAI, *, model: str, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False) -> ModelReply:
-    kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
-                              "stream_options": {"include_usage": True}}
-    if tools:
-        kwargs["tools"] = tools
+                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False,
+                     bodies: RequestBodies | None = None) -> ModelReply:
+    content = (bodies or RequestBodies()).body(model=model, messages=messages, tools=tools)
     reply = ModelReply()
     calls: dict[int, dict[str, Any]] = {}
     flusher = _DeltaFlusher(sink)
@@ -222,7 +250,7 @@ async def _call_once(client: openai.AsyncOpenAI, *, model: str, messages: list[d
     # of the history on every call (see bench/README.md); our messages are plain JSON already.
     # Chunks come as the JSON they are (`AsyncStream[object]`): building the SDK's objects for
     # each was a tenth of the gateway's CPU (py-spy), and we read four fields of them.
-    stream = await client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion, stream=True,
+    stream = await client.post("/chat/completions", content=content, cast_to=ChatCompletion, stream=True,
                                stream_cls=openai.AsyncStream[object])
     async for chunk in stream:
         text = chunk_fold(reply, calls, chunk)
@@ -245,10 +273,12 @@ def _retry_after(exc: openai.APIStatusError) -> float:
 
 
 async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False) -> ModelReply:
+                     tools: list[dict[str, Any]], sink: EventSink, hold_delta: bool = False,
+                     bodies: RequestBodies | None = None) -> ModelReply:
     """Call the agent's endpoint with bounded retries. Raises ModelCallFailed. ``tools`` is
     ``tools_param(profile)``, read by the caller off the event loop (it reads the database).
-    ``hold_delta``: the last streamed text is left in ``reply.held_delta`` for the caller to record."""
+    ``hold_delta``: the last streamed text is left in ``reply.held_delta`` for the caller to record.
+    ``bodies``: the conversation's encoded messages, kept across its calls."""
     endpoint = clients.endpoint(profile)
     last_error = ""
     attempt, failures = 0, 0
@@ -258,7 +288,7 @@ async def call_model(*, clients: ModelClients, profile: AgentProfile, messages: 
         await endpoint.wait_if_paused()
         try:
             reply = await _call_once(endpoint.client(), model=profile.model, messages=messages, tools=tools,
-                                     sink=sink, hold_delta=hold_delta)
+                                     sink=sink, hold_delta=hold_delta, bodies=bodies)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             raise ModelCallFailed("authentication_error", f"The model endpoint refused our credentials: {exc}",
                                   retryable=False) from exc

@@ -43,3 +43,36 @@ def test_chunks_of_another_shape_change_nothing() -> None:
     assert reply.content == "" and set(texts) == {""}
     assert calls == [{"id": "", "name": "", "arguments": ""}]  # index 0 with a function of no shape
     assert (reply.prompt_tokens, reply.completion_tokens, reply.finish_reason) == (0, 0, "")
+
+
+def test_request_bodies_are_the_sdks_json_and_encode_each_message_once(monkeypatch: Any) -> None:
+    import json
+
+    from openai._utils._json import openapi_dumps
+
+    from sessions_app.engine import llm
+
+    encoded: list[Any] = []
+    real = llm._dumps
+
+    def counting(value: Any) -> bytes:
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(llm, "_dumps", counting)
+    tools = [{"type": "function", "function": {"name": "list_files", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Sé bref."}, {"role": "user", "content": "ls"}]
+    bodies = llm.RequestBodies()
+
+    def sdk(messages: list[dict[str, Any]]) -> bytes:  # what client.post(body=...) would have sent
+        return openapi_dumps({"model": "m", "messages": messages, "stream": True,
+                              "stream_options": {"include_usage": True}, "tools": tools})
+
+    assert json.loads(bodies.body(model="m", messages=messages, tools=tools)) == json.loads(sdk(messages))
+    assert "Sé bref" in bodies.body(model="m", messages=messages, tools=tools).decode()  # UTF-8, not \u escapes
+    encoded.clear()
+    messages.append({"role": "assistant", "content": None, "tool_calls": []})
+    assert json.loads(bodies.body(model="m", messages=messages, tools=tools)) == json.loads(sdk(messages))
+    assert encoded == [messages[-1]]  # only the new message
+    messages[0] = {"role": "system", "content": "replaced"}  # another object at a known place is encoded again
+    assert json.loads(bodies.body(model="m", messages=messages[:2], tools=tools)) == json.loads(sdk(messages[:2]))
