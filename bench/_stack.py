@@ -160,8 +160,19 @@ def start_model(logs: Path, layout: str = "model") -> Stack:
 
 
 def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, web_processes: int = 2) -> Stack:
+    """Start the layout's processes; if one fails to come up, stop those already started."""
     logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
     stack = start_model(logs, layout)
+    try:
+        return _start_product(stack, layout, database_url=database_url, redis_url=redis_url, workspaces=workspaces,
+                              web_processes=web_processes)
+    except BaseException:
+        stack.stop()  # else a stack that did not come up kept running (and working) after the benchmark
+        raise
+
+
+def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: str, workspaces: str,
+                   web_processes: int) -> Stack:
     stack.web_port = free_port()
     env = stack.env
     env.update(LOG_LEVEL="WARNING", AGENTOPS_WORKSPACE_ROOT=workspaces,
@@ -181,7 +192,7 @@ def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, we
     pools = {"web": "8", "worker": "10", "gateway": "10", "announcer": "4"}
     stack.spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
                            "--pool", "threads", "-c", "16", "-l", "warning", "--without-gossip",
-                           "--without-mingle", "--schedule", str(logs / "beat-schedule")])
+                           "--without-mingle", "--schedule", str(stack.logs / "beat-schedule")])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
     for n in (1, 2):
         stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
