@@ -70,6 +70,7 @@ class Stack:
     model_url: str
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    live_port: int = 0
 
     @property
     def url(self) -> str:
@@ -159,20 +160,23 @@ def start_model(logs: Path, layout: str = "model") -> Stack:
     return stack
 
 
-def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, web_processes: int = 2) -> Stack:
-    """Start the layout's processes; if one fails to come up, stop those already started."""
+def start(layout: str, *, database_url: str, redis_url: str, workspaces: str, web_processes: int = 2,
+          live_processes: int = 0) -> Stack:
+    """Start the layout's processes; if one fails to come up, stop those already started.
+    ``live_processes``: daphnes of their own, on a port of their own (``Stack.live_port``), for
+    the WebSocket watchers, as a proxy that routes ``/ws/`` to a pool of its own would."""
     logs = Path(tempfile.mkdtemp(prefix=f"agentops-bench-{layout}-"))
     stack = start_model(logs, layout)
     try:
         return _start_product(stack, layout, database_url=database_url, redis_url=redis_url, workspaces=workspaces,
-                              web_processes=web_processes)
+                              web_processes=web_processes, live_processes=live_processes)
     except BaseException:
         stack.stop()  # else a stack that did not come up kept running (and working) after the benchmark
         raise
 
 
 def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: str, workspaces: str,
-                   web_processes: int) -> Stack:
+                   web_processes: int, live_processes: int) -> Stack:
     stack.web_port = free_port()
     env = stack.env
     env.update(LOG_LEVEL="WARNING", AGENTOPS_WORKSPACE_ROOT=workspaces,
@@ -208,6 +212,14 @@ def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: s
                         pass_fds=(sock.fileno(),))
     finally:
         sock.close()  # the children hold it
+    if live_processes:
+        stack.live_port = free_port()
+        lsock = webserve.listen("127.0.0.1", stack.live_port)
+        try:
+            for n in range(live_processes):
+                stack.spawn(f"live-{n + 1}", webserve.daphne_command(PY, lsock), pass_fds=(lsock.fileno(),))
+        finally:
+            lsock.close()
     stack.env = env
     wait_http(stack.url + "/healthz", timeout=120, proc=stack.procs["web"])
     return stack

@@ -37,6 +37,7 @@ class Watcher:
         self.seqs: set[int] = set()
         self.last = 0
         self.latencies: list[float] = []
+        self.received_at: list[float] = []  # when each of ``latencies`` arrived (Unix time)
         # created → committed → picked by the announcer → listeners checked → rendered → sent →
         # received, ms (the server's AGENTOPS_PUSH_TIMINGS)
         self.stages: list[list[float]] = []
@@ -96,10 +97,11 @@ class Watcher:
         created = datetime.fromisoformat(str(event["created_at"])).timestamp()
         if created > live_after:  # a live event, not the backlog
             self.latencies.append((received - created) * 1000)
+            self.received_at.append(received)
             stages, announced = data.get("stages"), data.get("announced_at")
             if stages and len(stages) == 4 and announced:
                 marks = [created, *stages, announced, received]
-                self.stages.append([(b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)])
+                self.stages.append([*((b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)), received])
 
 
 async def _close_at(ws: Any, deadline: Deadline) -> None:
@@ -146,6 +148,7 @@ async def main() -> None:
         await asyncio.gather(*tasks)
     report: dict[str, Any] = {
         "clients": len(watchers), "latencies_ms": [x for w in watchers for x in w.latencies],
+        "received_at": [x for w in watchers for x in w.received_at],
         "stages_ms": [x for w in watchers for x in w.stages],
         "received": {w.session_id: sorted(w.seqs) for w in watchers[::per_session]},
         "per_client": [[w.session_id, len(w.seqs), w.last] for w in watchers],

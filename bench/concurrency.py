@@ -91,7 +91,8 @@ def cpu_seconds(processes: list[Any]) -> float:
 
 
 def start_watchers(stack: _stack.Stack, per_session: int, seconds: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(_stack.BENCH_DIR / "_watchers.py"), stack.url, "bench-owner",
+    url = f"http://127.0.0.1:{stack.live_port}" if stack.live_port else stack.url
+    proc = subprocess.Popen([sys.executable, str(_stack.BENCH_DIR / "_watchers.py"), url, "bench-owner",
                              PASSWORD, str(per_session), str(seconds)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -104,15 +105,12 @@ def start_watchers(stack: _stack.Stack, per_session: int, seconds: float) -> sub
 def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, database: str,
                  watch: int = 0) -> dict[str, Any]:
     """Start n sessions through the API from 32 clients; wait until each turn ends."""
-    import httpx
-
     run = uuid.uuid4().hex[:8]
     work: queue.Queue[int] = queue.Queue()
     for i in range(n):
         work.put(i)
     created: list[str] = []
     errors: Counter[str] = Counter()
-    lock = threading.Lock()
     watched_per_session = 4
     watchers = start_watchers(stack, watched_per_session, IDEAL * 6 + 60) if watch else None
     watched = 0
@@ -123,25 +121,35 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     cpu_before = cpu_seconds(processes)
     cpu_by_name = {name: cpu_seconds(procs) for name, procs in by_name.items()}
 
-    def client() -> None:
+    async def clients() -> None:
+        """32 concurrent API clients, as coroutines of one loop: the load generator shares the
+        machine with the product, and 32 threads of a blocking client cost it about 2 ms of CPU a
+        request (measured), most of a core at the creation rate."""
+        import aiohttp
+
         nonlocal watched
-        with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
-            while True:
-                try:
-                    i = work.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    response = http.post("/api/sessions", json={
-                        "agent": agent_slug, "input": session_script(f"{run}-{i}"), "metadata": {"bench": run}})
-                except httpx.HTTPError as exc:
-                    errors[type(exc).__name__] += 1
-                    continue
-                if response.status_code != 201:
-                    errors[f"HTTP {response.status_code}"] += 1
-                    continue
-                session_id = response.json()["id"]
-                with lock:
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(stack.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+                                         connector=aiohttp.TCPConnector(limit=CLIENTS)) as http:
+            async def client() -> None:
+                nonlocal watched
+                while True:
+                    try:
+                        i = work.get_nowait()
+                    except queue.Empty:
+                        return
+                    try:
+                        async with http.post("/api/sessions", json={
+                                "agent": agent_slug, "input": session_script(f"{run}-{i}"),
+                                "metadata": {"bench": run}}) as response:
+                            status, body = response.status, await response.read()
+                    except (TimeoutError, aiohttp.ClientError) as exc:
+                        errors[type(exc).__name__] += 1
+                        continue
+                    if status != 201:
+                        errors[f"HTTP {status}"] += 1
+                        continue
+                    session_id = json.loads(body)["id"]
                     created.append(session_id)
                     if watchers is not None and watched < watch // watched_per_session:
                         watched += 1
@@ -149,13 +157,11 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
                         watchers.stdin.write(session_id + "\n")
                         watchers.stdin.flush()
 
+            await asyncio.gather(*(client() for _ in range(CLIENTS)))
+
     sampler.start()
     started = time.time()
-    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    asyncio.run(clients())
     created_in = time.time() - started
     deadline = started + max(IDEAL * 8, 120)
     finished: list[tuple[float, str]] = []
@@ -236,12 +242,25 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
         print(f"  (watchers short of events: {len(short)}, e.g. (session, received, stored) {short[:3]})")
     lat = report["latencies_ms"]
     stages = report.get("stages_ms") or []
+    names = ["created → committed", "→ picked by the announcer", "→ listeners checked", "→ rendered",
+             "→ sent", "→ received"]
     if stages:  # where a delivery's time went, stage by stage
-        names = ["created → committed", "→ picked by the announcer", "→ listeners checked", "→ rendered",
-                 "→ sent", "→ received"]
         print("  push stages (p50 / p99 ms): " + "; ".join(
             f"{name} {pct([x[i] for x in stages], 0.5):.1f} / {pct([x[i] for x in stages], 0.99):.1f}"
             for i, name in enumerate(names)))
+    at = report.get("received_at") or []
+    if at and len(at) == len(lat):  # the tail, by 2-s window from the first delivery
+        start = min(at)
+        windows: dict[int, list[float]] = {}
+        for t, ms in zip(at, lat, strict=True):
+            windows.setdefault(int((t - start) // 2), []).append(ms)
+        print("  push p99 by 2-s window (ms): " + ", ".join(
+            f"{2 * w}-{2 * w + 2} s {pct(v, 0.99):.0f}" for w, v in sorted(windows.items())))
+        worst = max(windows, key=lambda w: pct(windows[w], 0.99))
+        in_worst = [x for x in stages if len(x) == 7 and int((x[6] - start) // 2) == worst]
+        if in_worst:
+            print(f"  stages in the worst window ({2 * worst}-{2 * worst + 2} s), p99 ms: " + "; ".join(
+                f"{name} {pct([x[i] for x in in_worst], 0.99):.1f}" for i, name in enumerate(names)))
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,
             "reconnects": report["reconnects"],
@@ -304,6 +323,8 @@ def main() -> None:
     parser.add_argument("--watch-at", type=int, default=300, help="the N whose run has WebSocket watchers")
     parser.add_argument("--watchers", type=int, default=200)
     parser.add_argument("--web-processes", type=int, default=2, help="daphne processes of the multi layout")
+    parser.add_argument("--live-processes", type=int, default=0,
+                        help="daphne processes of their own for the WebSocket watchers (multi layout; 0: none)")
     args = parser.parse_args()
 
     config = _harness.configure(fresh_database=True)
@@ -328,7 +349,8 @@ def main() -> None:
             sqlite = Path(tempfile.mkdtemp(prefix="agentops-bench-sqlite-")) / "bench.sqlite3"
             database, redis_url, counts = f"sqlite:///{sqlite}", "", args.make_run_sessions
         stack = _stack.start(layout, database_url=database, redis_url=redis_url, workspaces=config["workspaces"],
-                             web_processes=args.web_processes)
+                             web_processes=args.web_processes,
+                             live_processes=args.live_processes if layout == "multi" else 0)
         try:
             token = _seed(stack, layout)
             print(f"  {layout:9} processes: {', '.join(stack.procs)} (logs {stack.logs})")
