@@ -11,17 +11,19 @@ from typing import Any
 
 from django.core.signals import got_request_exception
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import NinjaAPI, Schema
+from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from agentops.auth import api_auth
 from agentops.domain import DomainError
 from agentops.parser import StrictJSONParser
+from agentops.renderers import FastJSONRenderer
+from agentops.schemas import Out
 
 log = logging.getLogger(__name__)
 
 
-class ErrorOut(Schema):
+class ErrorOut(Out):
     code: str
     message: str
     details: dict[str, Any]
@@ -35,7 +37,8 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "permission_denied",
               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 422: "invalid_arguments",
               429: "throttled"}
 
-api = NinjaAPI(title="agentops", version="1", auth=api_auth, urls_namespace="api", parser=StrictJSONParser())
+api = NinjaAPI(title="agentops", version="1", auth=api_auth, urls_namespace="api", parser=StrictJSONParser(),
+               renderer=FastJSONRenderer())
 
 
 def error_response(request: HttpRequest, status: int, code: str, message: str,

@@ -42,7 +42,9 @@ def approvals_list_api(request: AuthedRequest, status: str | None = None, sessio
     require_perm(request.user, VIEW_APPROVALS)
     if status and status not in ApprovalRequest.Status.values:
         raise InvalidArguments(f"Unknown status {status!r}", details={"allowed": ApprovalRequest.Status.values})
-    qs = selectors.approvals_list(user=request.user, status=status, session=session, tool=tool)
+    # The page shows the deciders' names, nothing of the session or its agent (the queue page does).
+    qs = selectors.approvals_list(user=request.user, status=status, session=session, tool=tool).select_related(
+        None).select_related("decided_by", "edited_by", "claimed_by")
     return get_paginated_response(queryset=qs,
                                   cursor=cursor, limit=limit, serialize=approval_out)
 

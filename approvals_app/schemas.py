@@ -4,6 +4,8 @@ from uuid import UUID
 
 from ninja import Field, Schema
 
+from agentops.schemas import Out
+
 
 class ApprovalDecideIn(Schema):
     decision: Literal["approve", "reject", "retry", "mark_done", "fail"]
@@ -15,7 +17,7 @@ class ApprovalDecideIn(Schema):
     grant_pattern: dict[str, str] | None = None
 
 
-class ApprovalOut(Schema):
+class ApprovalOut(Out):
     request_id: UUID
     kind: str
     session_id: UUID
@@ -49,12 +51,12 @@ class ApprovalOut(Schema):
     lineage: dict[str, Any] | None = None  # a subagent's request: root session, parent step, agent path
 
 
-class ApprovalPageOut(Schema):
+class ApprovalPageOut(Out):
     items: list[ApprovalOut]
     next_cursor: str | None
 
 
-class GrantOut(Schema):
+class GrantOut(Out):
     grant_id: int
     session_id: UUID
     tool_name: str

@@ -8,13 +8,14 @@ from ninja.responses import Status
 from agentops.api import ERRORS
 from agentops.http import AuthedRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, require_perm
+from agentops.schemas import Out
 from fanout_app import batches, selectors
 from sessions_app import selectors as session_selectors
 
 router = Router(tags=["subagents and batches"])
 
 
-class SubagentsOut(Schema):
+class SubagentsOut(Out):
     session_id: str
     parent: dict[str, Any] | None
     children: list[dict[str, Any]]
@@ -26,7 +27,7 @@ class BatchCreateIn(Schema):
     rows: list[dict[str, Any]]
 
 
-class BatchOut(Schema):
+class BatchOut(Out):
     id: str
     title: str
     agent: str

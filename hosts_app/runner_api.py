@@ -17,6 +17,7 @@ from ninja.responses import Status
 
 from agentops.api import ERRORS
 from agentops.asyncdb import database_read
+from agentops.schemas import Out
 from hosts_app import runners
 from hosts_app.models import SandboxHost
 from hosts_app.services import wake_key
@@ -30,7 +31,7 @@ class HeartbeatIn(Schema):
     self_test: dict[str, Any] = {}
 
 
-class HeartbeatOut(Schema):
+class HeartbeatOut(Out):
     name: str
     team: str
     poll_seconds: float
@@ -45,7 +46,7 @@ class ResultIn(Schema):
     files: list[dict[str, Any]] = []
 
 
-class RecordedOut(Schema):
+class RecordedOut(Out):
     recorded: bool
 
 

@@ -3,8 +3,10 @@ from typing import Any
 
 from ninja import Field, Schema
 
+from agentops.schemas import Out
 
-class HostOut(Schema):
+
+class HostOut(Out):
     name: str
     kind: str
     pool: str
@@ -19,7 +21,7 @@ class HostOut(Schema):
     running_steps: int
 
 
-class SessionHostOut(Schema):
+class SessionHostOut(Out):
     session_id: str
     host: str | None
     kind: str | None
@@ -38,7 +40,7 @@ class RunnerCreateIn(Schema):
     capacity: int = Field(default=8, ge=1, le=10000)
 
 
-class RunnerCreatedOut(Schema):
+class RunnerCreatedOut(Out):
     name: str
     team: str
     token: str

@@ -1,9 +1,9 @@
 from datetime import datetime
 
-from ninja import Schema
+from agentops.schemas import Out
 
 
-class McpToolOut(Schema):
+class McpToolOut(Out):
     name: str
     remote_name: str
     approval_mode: str
@@ -11,7 +11,7 @@ class McpToolOut(Schema):
     present: bool
 
 
-class McpServerOut(Schema):
+class McpServerOut(Out):
     name: str
     team: str
     transport: str

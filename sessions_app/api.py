@@ -149,8 +149,8 @@ def turns_list_api(request: AuthedRequest, session_id: str) -> list[Turn]:
 def turn_get_api(request: AuthedRequest, turn_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     turn = selectors.turn_get(turn_id, user=request.user)
-    data = TurnOut.from_orm(turn).dict()
-    data["steps"] = [StepOut.from_orm(s).dict() for s in selectors.turn_steps(turn.id)]
+    data = TurnOut.model_validate(turn).model_dump()
+    data["steps"] = [StepOut.model_validate(s).model_dump() for s in selectors.turn_steps(turn.id)]
     return data
 
 

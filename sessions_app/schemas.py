@@ -5,6 +5,8 @@ from uuid import UUID
 from ninja import Field, Schema
 from pydantic import ConfigDict
 
+from agentops.schemas import Out
+
 
 class SessionCreateIn(Schema):
     agent: str = Field(..., min_length=1, max_length=64)
@@ -45,7 +47,7 @@ class ToolOutputIn(Schema):
     success: bool = True
 
 
-class UsageOut(Schema):
+class UsageOut(Out):
     tool_calls: int
     model_calls: int
     prompt_tokens: int
@@ -53,7 +55,7 @@ class UsageOut(Schema):
     wall_seconds: float
 
 
-class SessionOut(Schema):
+class SessionOut(Out):
     id: UUID
     agent: str
     owner: str
@@ -71,7 +73,7 @@ class SessionOut(Schema):
     updated_at: datetime
 
 
-class StepOut(Schema):
+class StepOut(Out):
     id: UUID
     index: int
     kind: str
@@ -88,7 +90,7 @@ class StepOut(Schema):
     finished_at: datetime | None
 
 
-class TurnOut(Schema):
+class TurnOut(Out):
     id: UUID
     session_id: UUID
     index: int
@@ -115,7 +117,7 @@ class SessionCreatedOut(SessionOut):
     turn: TurnOut | None = None
 
 
-class EventOut(Schema):
+class EventOut(Out):
     seq: int
     type: str
     turn_id: UUID | None
@@ -124,17 +126,17 @@ class EventOut(Schema):
     created_at: datetime
 
 
-class EventPageOut(Schema):
+class EventPageOut(Out):
     items: list[EventOut]
     next_after: int
 
 
-class SessionPageOut(Schema):
+class SessionPageOut(Out):
     items: list[SessionOut]
     next_cursor: str | None
 
 
-class ArtifactOut(Schema):
+class ArtifactOut(Out):
     id: UUID
     path: str
     size: int
@@ -144,7 +146,7 @@ class ArtifactOut(Schema):
     created_at: datetime
 
 
-class ToolOut(Schema):
+class ToolOut(Out):
     name: str
     description: str
     kind: str
@@ -156,7 +158,7 @@ class ToolOut(Schema):
     enabled: bool
 
 
-class AgentOut(Schema):
+class AgentOut(Out):
     slug: str
     name: str
     model: str

@@ -3,6 +3,8 @@ from uuid import UUID
 
 from ninja import Field, Schema
 
+from agentops.schemas import Out
+
 
 class SecretCreateIn(Schema):
     team: str = Field(..., min_length=1, max_length=100, description="The team's slug.")
@@ -21,7 +23,7 @@ class SecretUpdateIn(Schema):
     clear_expiry: bool = False
 
 
-class SecretOut(Schema):
+class SecretOut(Out):
     id: UUID
     team: str
     name: str
@@ -35,6 +37,6 @@ class SecretOut(Schema):
     updated_at: datetime
 
 
-class SecretPageOut(Schema):
+class SecretPageOut(Out):
     items: list[SecretOut]
     next_cursor: str | None
