@@ -144,6 +144,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AGENTOPS_WEB_CONCURRENCY = env.int("AGENTOPS_WEB_CONCURRENCY", default=4)
 # Paths whose requests wait without a database connection (long-polls) and take no place there.
 AGENTOPS_WEB_UNGATED_PREFIXES = ("/api/runner/jobs/next",)
+# Paths whose views are async (the runner's API: its long-poll waits on Redis): served by Django's
+# own ASGI handler; every other request runs in one worker-thread hop (agentops.asgi_handler).
+AGENTOPS_ASYNC_VIEW_PREFIXES = ("/api/runner/",)
 
 # Redis: the Celery broker and the Channels layer. `make run` starts an embedded one when unset.
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
