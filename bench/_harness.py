@@ -238,9 +238,12 @@ class Listener:
                 if on_wait is not None:
                     on_wait()
                 continue
-            event = message.get("event") or {}
-            if match(event):
-                return arrived, event
+            from sessions_app.announce import unbatch
+
+            for item in unbatch(message):  # one event, or a batch of them (the announcer's event.batch)
+                event = item.get("event") or {}
+                if match(event):
+                    return arrived, event
 
     def close(self) -> None:
         self._reader.cancel()
