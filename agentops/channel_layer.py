@@ -1,4 +1,5 @@
-"""channels_redis's layer, for web processes that outlive a Redis restart.
+"""channels_redis's layer, for web processes that outlive a Redis restart and take their
+messages from Redis in batches.
 
 Redis holds the group memberships. A restart (or a flush, or a failover to an empty replica)
 forgets them while the process's WebSocket and SSE consumers stay connected: they would never
@@ -13,6 +14,18 @@ consumer whose ``receive`` was blocked on Redis when it went away died with a Co
   layer joins every remembered group again and puts a ``layer.rejoined`` message in each local
   channel's buffer: the consumer re-reads from the database what it may have missed (the events
   committed while nobody was in the group), then goes on live.
+
+Batches: every consumer of a process receives through one Redis sorted set (the process's
+``specific.<prefix>!`` channel), and channels_redis takes one message from it per four
+sequential round trips (its cleanup script, BZPOPMIN, the ZADD to the backup, the ZPOPMIN that
+clears it). On a busy host each round trip waits for the process (and Redis) to be scheduled
+again: measured with 300 sessions running and 200 watchers on 2 cores, a few milliseconds each,
+so a daphne took 15-30 messages a second from Redis while 20-30 waited there, and live pushes
+were seconds late while its event loop sat idle in select. ``receive_single`` here takes every
+waiting message (up to RECEIVE_BATCH) in one script and puts them in the local channels'
+buffers in order; with nothing waiting it blocks on BZPOPMIN as channels_redis does. What a
+cancelled receive had taken stays in the backup set and goes back in front on the next take,
+as in channels_redis.
 """
 
 import asyncio
@@ -29,6 +42,23 @@ log = logging.getLogger(__name__)
 
 REJOINED = "layer.rejoined"  # the message a local channel gets after its groups were joined again
 LOST = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionError too
+RECEIVE_BATCH = 200  # messages taken from the process's channel in one round trip
+
+# ARGV: the channel's key, its backup key, how many. First what a cancelled receive left in the
+# backup goes back in front (channels_redis's own cleanup), then up to ARGV[3] messages move to
+# the backup and are returned (member, score, member, score...).
+TAKE_SCRIPT = """
+local backed_up = redis.call('ZRANGE', ARGV[2], 0, -1, 'WITHSCORES')
+for i = #backed_up, 1, -2 do
+    redis.call('ZADD', ARGV[1], backed_up[i], backed_up[i - 1])
+end
+redis.call('DEL', ARGV[2])
+local taken = redis.call('ZPOPMIN', ARGV[1], ARGV[3])
+for i = 1, #taken, 2 do
+    redis.call('ZADD', ARGV[2], taken[i + 1], taken[i])
+end
+return taken
+"""
 
 
 def check_seconds() -> float:
@@ -74,6 +104,44 @@ class RedisChannelLayer(BaseRedisChannelLayer):
                 self._lost = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+
+    async def receive_single(self, channel: str) -> tuple[Any, dict[str, Any]]:
+        """For the process's channel: every waiting message, in order, into the local channels'
+        buffers (``receive`` then finds its own there); returns an empty channel list, so that
+        channels_redis's ``receive`` buffers nothing more. Other channels: channels_redis's."""
+        if not channel.endswith("!"):
+            return await super().receive_single(channel)
+        assert self.require_valid_channel_name(channel, receive=True), "Channel name invalid"
+        index = self.consistent_hash(channel)
+        key = self.prefix + channel
+        backup = self._backup_channel_name(key)
+        await self.receive_clean_locks.acquire(key)
+        try:
+            taken = await self.connection(index).eval(TAKE_SCRIPT, 0, key, backup, RECEIVE_BATCH)
+            contents = list(taken[::2])
+            while not contents:  # nothing waiting: block as channels_redis does (its cleanup first)
+                member = await self._brpop_with_clean(index, key, timeout=self.brpop_timeout)
+                if member is not None:
+                    contents = [member]
+        except BaseException:
+            self.receive_clean_locks.release(key)
+            raise
+        # From here to the return nothing awaits: the messages are buffered before anything else
+        # runs, so the backup's copies can go (the lock keeps the next take waiting until then).
+        cleaner = asyncio.ensure_future(self.connection(index).zpopmin(backup, len(contents)))
+        self.receive_cleaners.append(cleaner)
+
+        def cleaned(task: asyncio.Future[Any]) -> None:
+            self.receive_cleaners.remove(task)
+            self.receive_clean_locks.release(key)
+
+        cleaner.add_done_callback(cleaned)
+        for content in contents:
+            message = self.deserialize(content)
+            target = message.pop("__asgi_channel__", channel)
+            for name in target if isinstance(target, list) else [target]:
+                self.receive_buffer[name].put_nowait(message)
+        return [], {}
 
     def _start_watch(self) -> None:
         loop = asyncio.get_running_loop()
