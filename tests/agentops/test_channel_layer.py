@@ -40,9 +40,7 @@ async def test_one_receive_takes_every_waiting_message_and_each_channel_gets_its
     a, b, c = [await layer.new_channel() for _ in range(3)]
     await layer.group_add("watchers", a)
     await layer.group_add("watchers", c)
-    n = 0
-    for target in (a, b, a, "watchers", b, a):
-        n += 1
+    for n, target in enumerate((a, b, a, "watchers", b, a), start=1):
         if target == "watchers":
             await layer.group_send("watchers", {"type": "event.message", "n": n})
         else:
