@@ -32,6 +32,12 @@ def quorum_vote(approval: ApprovalRequest, *, actor: User, decision: str, reason
         raise InvalidArguments("A request that needs several approvals is approved as asked: editing the arguments "
                                "or remembering the approval needs a single-approval policy.",
                                code="quorum_no_edits", details={"field": "arguments"})
+    if not quorum:
+        # One vote decides, so a pending single-approval request holds no vote yet (a replay of
+        # the deciding one finds the request decided before it gets here): no reads needed.
+        ApprovalVote.objects.create(request=approval, reviewer=actor, decision=decision, reason=reason,
+                                    seen_sha256=seen_hash or "")
+        return "decide"
     prior = ApprovalVote.objects.filter(request=approval, reviewer=actor).first()
     if prior is not None:
         if prior.decision == decision:

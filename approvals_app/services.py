@@ -248,9 +248,8 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
     if require_seen_hash and not seen_hash:
         raise InvalidArguments("Send the arguments_sha256 of the request you decide (what you reviewed).",
                                code="arguments_sha256_required", details={"field": "arguments_sha256"})
-    for pk in ApprovalRequest.objects.filter(request_id=key, status=Status.PENDING,
-                                             expires_at__lte=timezone.now()).values_list("pk", flat=True):
-        _expire_one(pk)
+    if approval.status == Status.PENDING and approval.expires_at is not None and approval.expires_at <= timezone.now():
+        _expire_one(approval.pk)
     return _decide(request_id=key, actor=actor, decision=decision, reason=reason, seen_hash=seen_hash,
                    arguments=arguments, remember=remember, grant_pattern=grant_pattern)
 

@@ -343,3 +343,21 @@ def test_approval_decide_api_without_arguments_sha256_is_422_unless_relaxed(revi
     assert approval.status == "pending" and _decisions(approval) == 0
     settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256 = False
     assert _decide(api_client(reviewer), approval, decision="approve", arguments_sha256=None).status_code == 200
+
+
+def test_a_single_approval_decision_reads_no_votes_and_no_separate_expiry(reviewer: User) -> None:
+    """A request one approval decides: its vote is written, never read back or counted (a pending
+    single-approval request holds no vote), and its deadline is checked on the row already read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    approval = _pending()
+    client = api_client(reviewer)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(f"/api/approvals/{approval.request_id}/decision", content_type="application/json",
+                               data={"decision": "approve", "arguments_sha256": approval.arguments_sha256})
+    assert response.status_code == 200 and response.json()["status"] == "approved"
+    votes = [q["sql"] for q in queries.captured_queries if "approvals_app_approvalvote" in q["sql"]]
+    assert len(votes) == 1 and votes[0].startswith("INSERT")
+    assert not [q for q in queries.captured_queries if '"expires_at" <=' in q["sql"]]
+    assert len(queries.captured_queries) <= 21
