@@ -17,16 +17,21 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 
 
-def _statement() -> str:
-    permission, content_type = Permission._meta.db_table, ContentType._meta.db_table
+def permissions_of_user_sql(user_id: str) -> str:
+    """SQL for the ids of the permissions a user holds, given to them or to one of their groups;
+    ``user_id`` is the SQL expression of the user's id (``%s``, or a column of an outer query)."""
     user_permissions = User.user_permissions.through._meta.db_table
     user_groups = User.groups.through._meta.db_table
     group_permissions = Group.permissions.through._meta.db_table
-    return (f"SELECT ct.app_label, p.codename FROM {permission} p "
-            f"JOIN {content_type} ct ON ct.id = p.content_type_id WHERE p.id IN ("
-            f"SELECT up.permission_id FROM {user_permissions} up WHERE up.user_id = %s "
+    return (f"SELECT up.permission_id FROM {user_permissions} up WHERE up.user_id = {user_id} "
             f"UNION SELECT gp.permission_id FROM {group_permissions} gp "
-            f"JOIN {user_groups} ug ON ug.group_id = gp.group_id WHERE ug.user_id = %s)")
+            f"JOIN {user_groups} ug ON ug.group_id = gp.group_id WHERE ug.user_id = {user_id}")
+
+
+def _statement() -> str:
+    permission, content_type = Permission._meta.db_table, ContentType._meta.db_table
+    return (f"SELECT ct.app_label, p.codename FROM {permission} p "
+            f"JOIN {content_type} ct ON ct.id = p.content_type_id WHERE p.id IN ({permissions_of_user_sql('%s')})")
 
 
 class OneQueryModelBackend(ModelBackend):

@@ -32,13 +32,9 @@ def quorum_vote(approval: ApprovalRequest, *, actor: User, decision: str, reason
         raise InvalidArguments("A request that needs several approvals is approved as asked: editing the arguments "
                                "or remembering the approval needs a single-approval policy.",
                                code="quorum_no_edits", details={"field": "arguments"})
-    if not quorum:
-        # One vote decides, so a pending single-approval request holds no vote yet (a replay of
-        # the deciding one finds the request decided before it gets here): no reads needed.
-        ApprovalVote.objects.create(request=approval, reviewer=actor, decision=decision, reason=reason,
-                                    seen_sha256=seen_hash or "")
-        return "decide"
-    prior = ApprovalVote.objects.filter(request=approval, reviewer=actor).first()
+    # One vote decides a single-approval request, so a pending one holds no vote yet (a replay of
+    # the deciding one finds the request decided before it gets here): only a quorum reads votes.
+    prior = ApprovalVote.objects.filter(request=approval, reviewer=actor).first() if quorum else None
     if prior is not None:
         if prior.decision == decision:
             return "replay"
@@ -46,7 +42,7 @@ def quorum_vote(approval: ApprovalRequest, *, actor: User, decision: str, reason
                        details={"vote": prior.decision})
     ApprovalVote.objects.create(request=approval, reviewer=actor, decision=decision, reason=reason,
                                 seen_sha256=seen_hash or "")
-    if decision != ApprovalVote.Decision.APPROVE:
+    if not quorum or decision != ApprovalVote.Decision.APPROVE:
         return "decide"
     approvals = ApprovalVote.objects.filter(request=approval, decision=ApprovalVote.Decision.APPROVE).count()
     if approvals >= approval.required_approvals:

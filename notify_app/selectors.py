@@ -2,9 +2,10 @@
 
 from typing import Any
 
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 
+from agentops.backends import permissions_of_user_sql
 from agentops.models import TeamMembership
 from agentops.permissions import DECIDE_APPROVALS
 from agentops.teams import REVIEW_ROLES
@@ -17,15 +18,10 @@ def _eligible_statement(*, in_group: bool, excluded: int) -> str:
     DISTINCT) was the largest single cost of asking for an approval: 14 % of the model gateway's
     CPU under the load proof (py-spy, ``--gil``), spent in the engine's tick that asks."""
     user, membership = User._meta.db_table, TeamMembership._meta.db_table
-    user_permissions = User.user_permissions.through._meta.db_table
     user_groups = User.groups.through._meta.db_table
-    group_permissions = Group.permissions.through._meta.db_table
     permission, content_type = Permission._meta.db_table, ContentType._meta.db_table
     decide = (f"SELECT 1 FROM {permission} p JOIN {content_type} ct ON ct.id = p.content_type_id "
-              f"WHERE p.codename = %s AND ct.app_label = %s AND p.id IN ("
-              f"SELECT up.permission_id FROM {user_permissions} up WHERE up.user_id = u.id "
-              f"UNION SELECT gp.permission_id FROM {group_permissions} gp "
-              f"JOIN {user_groups} ug ON ug.group_id = gp.group_id WHERE ug.user_id = u.id)")
+              f"WHERE p.codename = %s AND ct.app_label = %s AND p.id IN ({permissions_of_user_sql('u.id')})")
     group = (f" AND EXISTS (SELECT 1 FROM {user_groups} g WHERE g.user_id = u.id AND g.group_id = %s)"
              if in_group else "")
     exclude = f" AND u.id NOT IN ({', '.join(['%s'] * excluded)})" if excluded else ""

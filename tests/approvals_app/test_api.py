@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentops.domain import Conflict
@@ -348,9 +350,6 @@ def test_approval_decide_api_without_arguments_sha256_is_422_unless_relaxed(revi
 def test_a_single_approval_decision_reads_no_votes_and_no_separate_expiry(reviewer: User) -> None:
     """A request one approval decides: its vote is written, never read back or counted (a pending
     single-approval request holds no vote), and its deadline is checked on the row already read."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     approval = _pending()
     client = api_client(reviewer)
     with CaptureQueriesContext(connection) as queries:
