@@ -6,16 +6,20 @@ of another team ("other"); the author of the turn that produced the pending requ
 both roles in the team (four-eyes: may not decide it); an admin (superuser, in no team); and a
 revoked API token (pages and sockets: a client whose only credential is that token).
 
-Each case builds a fresh world: team ``same`` holding an agent, a busy session (its turn, written
-by the author, waits for a reviewer on a run_command request; it has an artifact, a grant and a
-waiting client tool call) and an idle session; team ``other`` with its own members. Completeness
-is checked too: a new API operation, page or socket route without a row here fails the suite.
+The HTTP cases share one world, built once in a transaction that is rolled back after them (each
+case runs in a savepoint inside it, so what one case writes is gone before the next); each
+WebSocket case (a transactional test) builds its own. The world: team ``same`` holding an agent,
+a busy session (its turn, written by the author, waits for a reviewer on a run_command request; it
+has an artifact, a grant and a waiting client tool call) and an idle session; team ``other`` with
+its own members. Completeness is checked too: a new API operation, page or socket route without
+a row here fails the suite.
 
 WebSocket statuses: 101 accepted, else the close code (4401 signed out, 4403 no access).
 """
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,9 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.test import Client
+from django.core.signals import request_finished
+from django.db import close_old_connections, transaction
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
@@ -306,34 +312,61 @@ HTTP_CASES = [(c, i) for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] != "w
 WS_CASES = [(c, i) for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] == "ws"]
 
 
+@pytest.fixture(scope="class")
+def http_world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory,
+               ) -> Iterator[tuple[World, Path]]:
+    """The world of every HTTP case and its artifact root, in a transaction rolled back after the
+    class: a case's own ``django_db`` transaction nests inside it as a savepoint."""
+    artifacts = tmp_path_factory.mktemp("matrix-artifacts")
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+                           AGENTOPS_ARTIFACT_ROOT=artifacts):
+        with django_db_blocker.unblock():
+            outer = transaction.atomic()
+            outer.__enter__()
+            world = build_world()
+        try:
+            yield world, artifacts
+        finally:
+            with django_db_blocker.unblock():
+                transaction.set_rollback(True)
+                outer.__exit__(None, None, None)
+
+
 @pytest.mark.django_db
-@pytest.mark.parametrize(("kind", "method", "path", "body", "persona", "expected"), [c for c, _ in HTTP_CASES],
-                         ids=[i for _, i in HTTP_CASES])
-def test_http_authorization(kind: str, method: str, path: str, body: dict[str, Any] | None, persona: str,
-                            expected: int) -> None:
-    world = build_world()
-    client = _http_client(world, kind, persona)
-    url = world.fill(path)
-    data = {k: world.fill(v) if isinstance(v, str) else v for k, v in (body or {}).items()}
-    if method == "GET":
-        response = client.get(url)
-    elif method in ("PUT", "PATCH"):
-        response = client.generic(method, url, json.dumps(data), content_type="application/json")
-    elif method == "DELETE":
-        response = client.delete(url)
-    elif kind in ("api", "wire"):
-        response = client.post(url, json.dumps(data), content_type="application/json")
-    else:
-        response = client.post(url, data)
-    if hasattr(response, "streaming_content") and response.status_code == 200:
-        response.close()
-    assert response.status_code == expected, getattr(response, "content", b"")[:300]
-    if expected in (401, 403, 404) and kind == "api":
-        assert set(response.json()) == {"code", "message", "details"}
-    if expected in (401, 403, 404, 302) and method != "GET" and not (kind == "page" and expected == 302
-                                                                       and persona not in ("anonymous",
-                                                                                           "revoked_token")):
-        _assert_nothing_changed(world)
+class TestHttpAuthorization:
+    @pytest.mark.parametrize(("kind", "method", "path", "body", "persona", "expected"), [c for c, _ in HTTP_CASES],
+                             ids=[i for _, i in HTTP_CASES])
+    def test_http_authorization(self, http_world: tuple[World, Path], settings: Any, kind: str, method: str,
+                                path: str, body: dict[str, Any] | None, persona: str, expected: int) -> None:
+        world, settings.AGENTOPS_ARTIFACT_ROOT = http_world
+        client = _http_client(world, kind, persona)
+        url = world.fill(path)
+        data = {k: world.fill(v) if isinstance(v, str) else v for k, v in (body or {}).items()}
+        if method == "GET":
+            response = client.get(url)
+        elif method in ("PUT", "PATCH"):
+            response = client.generic(method, url, json.dumps(data), content_type="application/json")
+        elif method == "DELETE":
+            response = client.delete(url)
+        elif kind in ("api", "wire"):
+            response = client.post(url, json.dumps(data), content_type="application/json")
+        else:
+            response = client.post(url, data)
+        if hasattr(response, "streaming_content") and response.status_code == 200:
+            # Closed as the test client closes a plain response: without close_old_connections,
+            # which would close the connection and with it the world's open transaction.
+            request_finished.disconnect(close_old_connections)
+            try:
+                response.close()
+            finally:
+                request_finished.connect(close_old_connections)
+        assert response.status_code == expected, getattr(response, "content", b"")[:300]
+        if expected in (401, 403, 404) and kind == "api":
+            assert set(response.json()) == {"code", "message", "details"}
+        if expected in (401, 403, 404, 302) and method != "GET" and not (kind == "page" and expected == 302
+                                                                           and persona not in ("anonymous",
+                                                                                               "revoked_token")):
+            _assert_nothing_changed(world)
 
 
 def _assert_nothing_changed(world: World) -> None:
