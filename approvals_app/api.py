@@ -58,13 +58,14 @@ def approval_get_api(request: AuthedRequest, request_id: str) -> dict[str, Any]:
 
 @router.post("/approvals/{request_id}/decision", response={200: ApprovalOut, **ERRORS})
 def approval_decide_api(request: AuthedRequest, request_id: str, payload: ApprovalDecideIn) -> dict[str, Any]:
-    # approval_decide checks the reviewer's permission (and four-eyes) itself.
+    # approval_decide finds the request among the reviewer's teams (404 otherwise), checks the
+    # permission and four-eyes, and returns the request as it left it (no read again for the answer).
     approval = services.approval_decide(
-        request_id=selectors.approval_get(request_id, user=request.user).request_id, actor=request.user,
+        request_id=request_id, actor=request.user,
         decision=payload.decision, reason=payload.reason, seen_hash=payload.arguments_sha256,
         arguments=payload.arguments, remember=payload.remember,
         require_seen_hash=settings.AGENTOPS_API_REQUIRE_ARGUMENTS_SHA256, grant_pattern=payload.grant_pattern)
-    return approval_out(selectors.approval_get(approval.request_id, user=request.user))
+    return approval_out(approval)
 
 
 def grant_out(g: ApprovalGrant, current_turn_id: Any = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from django.utils import timezone
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied, canonical_json, joins_transaction
 from agentops.permissions import DECIDE_APPROVALS
-from agentops.teams import REVIEW_ROLES, has_team_role
+from agentops.teams import REVIEW_ROLES, has_team_role, scope
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
 from approvals_app.policies import ResolvedPolicy
 from approvals_app.quorum import quorum_vote
@@ -231,7 +231,8 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
                     seen_hash: str | None = None, arguments: dict[str, Any] | None = None,
                     remember: bool = False, require_seen_hash: bool = False,
                     grant_pattern: dict[str, str] | None = None) -> ApprovalRequest:
-    """Record a reviewer's decision. Idempotent for the same decision; 409 otherwise.
+    """Record a reviewer's decision. Idempotent for the same decision; 409 otherwise. A request
+    of a team the actor is not in is NotFound. Returns the request as the decision left it.
 
     Wakes the engine after commit. A request past its deadline that the sweeper has not reached
     yet is expired first, in its own transaction, so the refusal (409 ``expired``) does not roll
@@ -241,7 +242,8 @@ def approval_decide(*, request_id: uuid.UUID | str, actor: User, decision: str, 
         key = uuid.UUID(str(request_id))
     except ValueError as exc:
         raise NotFound(f"No approval request {request_id}") from exc
-    approval = ApprovalRequest.objects.select_related("session", "turn").filter(request_id=key).first()
+    # Another team's request is missing for the actor (as its scoped selectors say), not forbidden.
+    approval = scope(ApprovalRequest.objects.select_related("session", "turn"), actor).filter(request_id=key).first()
     if approval is None:
         raise NotFound(f"No approval request {request_id}")
     _check_actor(approval, actor)

@@ -349,7 +349,8 @@ def test_approval_decide_api_without_arguments_sha256_is_422_unless_relaxed(revi
 
 def test_a_single_approval_decision_reads_no_votes_and_no_separate_expiry(reviewer: User) -> None:
     """A request one approval decides: its vote is written, never read back or counted (a pending
-    single-approval request holds no vote), and its deadline is checked on the row already read."""
+    single-approval request holds no vote), its deadline is checked on the row already read, and the
+    answer is the row the decision wrote."""
     approval = _pending()
     client = api_client(reviewer)
     with CaptureQueriesContext(connection) as queries:
@@ -359,4 +360,8 @@ def test_a_single_approval_decision_reads_no_votes_and_no_separate_expiry(review
     votes = [q["sql"] for q in queries.captured_queries if "approvals_app_approvalvote" in q["sql"]]
     assert len(votes) == 1 and votes[0].startswith("INSERT")
     assert not [q for q in queries.captured_queries if '"expires_at" <=' in q["sql"]]
-    assert len(queries.captured_queries) <= 21
+    selects = [q for q in queries.captured_queries
+               if q["sql"].startswith("SELECT") and "FROM \"approvals_app_approvalrequest\"" in q["sql"]]
+    # Read to check the reviewer, then its session id and the row under lock; not again for the answer.
+    assert len(selects) == 3, [q["sql"] for q in selects]
+    assert len(queries.captured_queries) <= 17

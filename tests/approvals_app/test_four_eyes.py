@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from agentops.domain import NotFound
 from approvals_app import services
 from approvals_app.models import ApprovalAudit, ApprovalRequest
 from sessions_app import services as session_services
@@ -91,6 +92,20 @@ def test_single_user_installs_turn_four_eyes_off(settings: Any) -> None:
     author = _both()
     approval = _request_from_input_of(author, owner=author)
     assert _post_api(api_client(author), approval).status_code == 200
+
+
+def test_a_reviewer_of_another_team_finds_no_such_request_on_every_path() -> None:
+    """The service itself scopes the request to the actor's teams (the API, the page, bulk approval
+    and the OpenAI-style wire all decide through it): another team's request is missing, not
+    forbidden, and the refusal changes nothing."""
+    approval = _request_from_input_of(factories.user(groups=["operators"]))
+    outsider = factories.user(groups=["reviewers"], teams=["other"])
+    with pytest.raises(NotFound):
+        services.approval_decide(request_id=approval.request_id, actor=outsider, decision="approve")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING and approval.decided_by is None
+    assert not ApprovalAudit.objects.filter(request_id=approval.request_id).exists()
+    assert _post_api(api_client(outsider), approval).status_code == 404
 
 
 def test_a_reviewer_of_the_team_only_as_operator_cannot_decide() -> None:
