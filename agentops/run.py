@@ -5,7 +5,8 @@ OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs da
 ($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
 with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local)
 the model gateway (the model calls, $AGENTOPS_GATEWAY_CONCURRENCY at once) and the announcer
-(renders and sends the live events the others relay to it).
+(renders and sends the live events the others relay to it). The worker and the gateway run at a
+lower CPU priority than daphne and the announcer (``agentops/priority.py``).
 """
 
 import os
@@ -20,7 +21,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from agentops import webserve
+from agentops import priority, webserve
 from agentops.embedded_redis import embedded_redis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,9 +116,10 @@ def main() -> int:
                  "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")],
                 cwd=ROOT, env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
                 start_new_session=True)
+            priority.background(worker.pid)  # the web answers first when the cores are short
             children.append(("worker", worker))
             env["AGENTOPS_WORKSPACE_HOST"] = local_host
-            spawn("gateway", [PY, "manage.py", "model_gateway"])
+            priority.background(spawn("gateway", [PY, "manage.py", "model_gateway"]).pid)
             spawn("announcer", [PY, "manage.py", "announcer"])  # renders and sends the live events
             # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
             # process is bound to one core by the GIL (agentops/webserve.py).

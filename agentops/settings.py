@@ -298,10 +298,6 @@ AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_A
 # long a stopping gateway lets its calls finish.
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
 AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
-# A gateway's CPU priority below the web's and the announcer's (nice increment, 0: unchanged): on
-# a host it shares, a burst of model replies must not make the dashboard, the API or the live
-# push wait for a core; the gateway's own work only waits on the model anyway.
-AGENTOPS_GATEWAY_NICE = env.int("AGENTOPS_GATEWAY_NICE", default=5)
 AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
 # How often the gateway looks whether the steps of its calls in flight were settled elsewhere (a
 # cancelled turn): it then lets go of their calls.

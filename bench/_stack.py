@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from agentops import webserve  # noqa: E402
+from agentops import priority, webserve  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -194,12 +194,15 @@ def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: s
     # Connection budget (default max_connections 100; ours ≤ 60): daphne 8 each, worker 10, 2
     # gateways × 10, the announcer 4, beat inside the worker; the benchmark's own process 4.
     pools = {"web": "8", "worker": "10", "gateway": "10", "announcer": "4"}
-    stack.spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox",
-                           "--pool", "threads", "-c", "16", "-l", "warning", "--without-gossip",
-                           "--without-mingle", "--schedule", str(stack.logs / "beat-schedule")])
+    # The background roles at a lower CPU priority than daphne and the announcer, as make run and
+    # the README's layout run them (agentops/priority.py).
+    priority.background(stack.spawn("worker", [
+        PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox", "--pool", "threads", "-c", "16",
+        "-l", "warning", "--without-gossip", "--without-mingle", "--schedule", str(stack.logs / "beat-schedule")]).pid)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
     for n in (1, 2):
-        stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600", "--db-threads", "8"])
+        priority.background(stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600",
+                                                        "--db-threads", "8"]).pid)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["announcer"])
     stack.spawn("announcer", [PY, "manage.py", "announcer"])
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])

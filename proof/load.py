@@ -97,6 +97,32 @@ def _api_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Resu
     print(f"  web processes: {web_cpu * 1000 / max(1, len(every)):.1f} ms of CPU per answered request")
 
 
+def _settle(limit: float, result: Result) -> None:
+    """Wait (up to ``limit`` s) until the turns the API part started have all run as far as they
+    can (ended, or parked waiting for a reviewer): past capacity they queue, and the push part is
+    measured on a stack that is not still working through them. How many there were and how long
+    they took is printed: the overload's backlog, finished later."""
+    from django.db import close_old_connections
+
+    from sessions_app.models import Turn
+
+    busy = (Turn.Status.QUEUED, Turn.Status.RUNNING)
+    close_old_connections()
+    start = time.monotonic()
+    backlog = left = Turn.objects.filter(status__in=busy).count()
+    while left and time.monotonic() - start < limit:
+        time.sleep(1)
+        close_old_connections()
+        left = Turn.objects.filter(status__in=busy).count()
+    waiting = Turn.objects.filter(status=Turn.Status.AWAITING_APPROVAL).count()
+    took = time.monotonic() - start
+    outcome = f"all ran within {took:.0f} s" if not left else f"{left} still busy after {limit:.0f} s"
+    print(f"  backlog: {backlog} turns queued or running when the requests ended; {outcome} "
+          f"({waiting} now wait for a reviewer)")
+    result.check("backlog of the API part runs to the end or a reviewer", f"{left} of {backlog} still busy",
+                 left == 0)
+
+
 def _cpu_by_process(stack: Stack, watchers: list[subprocess.Popen[str]]) -> dict[str, float]:
     """CPU seconds so far of each stack process (with its children: sandboxes, pool workers), of
     the watching clients and of PostgreSQL: where the machine's two cores go during the push."""
@@ -255,6 +281,7 @@ def run(full: bool = False) -> Result:
         print(f"  stack      up: {', '.join(stack.procs)}; logs in {stack.logs}")
         print()
         _api_part(stack, tokens, seconds_api, result)
+        _settle(240.0 if full else 60.0, result)
         print()
         _push_part(stack, tokens, seconds_push, result)
     finally:

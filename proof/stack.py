@@ -22,11 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentops import webserve
+from agentops import priority, webserve
 from agentops.embedded_redis import redis_binary
 from proof._common import ROOT
 
 PY = sys.executable
+# The roles make run starts at a lower CPU priority (agentops/priority.py).
+BACKGROUND = ("worker-engine", "worker-sandbox", "gateway", "beat")
 
 
 def free_port() -> int:
@@ -139,6 +141,8 @@ class Stack:
         fds = (self.web_socket.fileno(),) if name.startswith("web") and self.web_socket is not None else ()
         self.procs[name] = subprocess.Popen(self.commands[name], cwd=ROOT, env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
+        if name in BACKGROUND:
+            priority.background(self.procs[name].pid)  # as make run: the web answers first
 
     def kill(self, name: str) -> None:
         """SIGKILL the process and its children (its own process group): no clean-up of any kind."""

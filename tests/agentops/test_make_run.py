@@ -45,6 +45,13 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         names = " ".join(commands.values())
         assert "daphne" in names and "celery" in names and "scripted_model" in names and "redis-server" in names
         assert "model_gateway" in names
+        # The worker and the gateway run at a lower CPU priority than daphne (agentops/priority.py).
+        nice = {c.pid: c.nice() for c in children}
+        for c in children:
+            if "model_gateway" in commands[c.pid] or "celery" in commands[c.pid]:
+                assert nice[c.pid] == 10, commands[c.pid]
+            elif "daphne" in commands[c.pid]:
+                assert nice[c.pid] == psutil.Process().nice(), commands[c.pid]
         # The URL is printed only once the worker answers: /healthz is green at once.
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert health.status_code == 200, health.text

@@ -1,11 +1,9 @@
 """`python manage.py model_gateway`: the asyncio process that makes the model calls."""
 
 import asyncio
-import os
 import signal
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from agentops.runtime import tune_gc
@@ -32,7 +30,5 @@ class Command(BaseCommand):
 
         self.stdout.write(f"model gateway {gateway.name} reading {gateway.concurrency} calls at once")
         self.stdout.flush()
-        if settings.AGENTOPS_GATEWAY_NICE:
-            os.nice(settings.AGENTOPS_GATEWAY_NICE)  # the web and the live push first (settings)
         tune_gc()
         asyncio.run(main())
