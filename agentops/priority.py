@@ -48,8 +48,8 @@ def background(pid: int, nice: int | None = None) -> None:
 
 
 def autogroup_nice(pid: int) -> int | None:
-    """The autogroup nice value of ``pid``'s session, or None where there is none (for tests and
-    the proofs' reports)."""
+    """The autogroup nice value of ``pid``'s session, or None where there is none (what
+    ``background`` set, read back; tests/agentops/test_priority.py)."""
     try:
         text = Path(f"/proc/{pid}/autogroup").read_text()
     except OSError:
