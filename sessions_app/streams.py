@@ -27,6 +27,7 @@ from channels.layers import get_channel_layer
 
 from agentops.asyncdb import database_read
 from agentops.channel_layer import REJOINED
+from agentops.streamaccess import spread
 from sessions_app import selectors
 from sessions_app.announce import session_group, unbatch
 
@@ -122,9 +123,10 @@ async def session_events(session_id: UUID, after: int, *, max_seconds: float | N
     seq order; ``None`` first (the subscription is in place) and every HEARTBEAT_SECONDS without an
     event; ends after ``max_seconds`` when given.
 
-    Every ``recheck_seconds`` ``recheck()`` says whether the client may still watch (its token or
-    session, its team): when not, a ``StreamEnd("access_revoked")`` ends it. After
-    ``max_life_seconds`` a ``StreamEnd("reconnect")`` ends it: the client reconnects from the last
+    Every ``recheck_seconds`` (the first time at random within the first interval) ``recheck()``
+    says whether the client may still watch (its token or session, its team): when not, a
+    ``StreamEnd("access_revoked")`` ends it. After ``max_life_seconds`` (at most; at random within
+    its last tenth) a ``StreamEnd("reconnect")`` ends it: the client reconnects from the last
     seq, and so authenticates again (``agentops/streamaccess.py``)."""
     layer = get_channel_layer()
     group = session_group(session_id)
@@ -134,8 +136,8 @@ async def session_events(session_id: UUID, after: int, *, max_seconds: float | N
     feed = EventFeed(read or stored_events(session_id), after=after)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds if max_seconds else None
-    end_of_life = loop.time() + max_life_seconds if max_life_seconds else None
-    next_check = loop.time() + recheck_seconds
+    end_of_life = loop.time() + spread(max_life_seconds, shortest=0.9) if max_life_seconds else None
+    next_check = loop.time() + spread(recheck_seconds)  # streams that connected together check apart
     try:
         yield None
         async for message in feed.backlog():

@@ -182,3 +182,32 @@ def test_revoking_the_token_ends_the_openai_wire_event_stream() -> None:
     started = time.monotonic()
     assert async_to_sync(bounded)().startswith(": ok")
     assert time.monotonic() - started < 5
+
+
+async def test_streams_that_connect_together_recheck_apart(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watchers opened at once (a page of them, every browser after a deploy) would otherwise read
+    the database in the same instant every interval, stalling the web process's live pushes: the
+    first recheck comes at random within the interval, the next a whole interval later."""
+    from agentops import streamaccess
+
+    settings.AGENTOPS_STREAM_RECHECK_SECONDS = 1.0
+    checks: dict[str, list[float]] = {}
+
+    def still_allowed(credential: streamaccess.Credential, may: Any) -> bool:
+        checks.setdefault(credential.value, []).append(time.monotonic())
+        return True
+
+    monkeypatch.setattr(streamaccess, "still_allowed", still_allowed)
+    dogs = [streamaccess.Watchdog(None, streamaccess.Credential("token", str(n), 1), lambda user: True)
+            for n in range(20)]
+    started = time.monotonic()
+    for dog in dogs:
+        dog.start()
+    await asyncio.sleep(2.3)
+    for dog in dogs:
+        dog.stop()
+    assert len(checks) == 20
+    firsts = [times[0] - started for times in checks.values()]
+    assert all(0.45 <= first <= 1.1 for first in firsts), firsts
+    assert max(firsts) - min(firsts) > 0.15, firsts  # not all at once
+    assert all(0.9 <= times[1] - times[0] <= 1.2 for times in checks.values())  # then every interval
