@@ -271,7 +271,23 @@ def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> bool:
         return False
 
 
-def announce_later(event: dict[str, Any]) -> None:
+def announce_committed(events: list[dict[str, Any]]) -> None:
+    """Hand on the events a transaction committed (an on_commit callback, in commit order): to the
+    announcer process's stream from the committing thread itself while one is alive, one pipelined
+    round trip; else to this process's announcer thread (``announce_later``). Never raises.
+
+    Why not always the thread: in a busy writer (the gateway, an engine worker, both at a lower CPU
+    priority) the thread waited for the GIL and the CPU behind the writer it was meant to spare. In
+    the load proof's push part, commit → picked by the announcer process was p50 5.3 / p99 55 ms
+    for batches that found the announcer idle, most of an announcement's p99."""
+    committed = time.time()
+    if relay_available() and relay_push([(committed, event) for event in events]):
+        return
+    for event in events:
+        announce_later(event, committed)
+
+
+def announce_later(event: dict[str, Any], committed: float | None = None) -> None:
     """Queue a committed event for the announcer thread (an on_commit callback). Never blocks."""
     global _worker
     with _lock:
@@ -279,7 +295,7 @@ def announce_later(event: dict[str, Any]) -> None:
             _worker = threading.Thread(target=_run, name="event-announcer", daemon=True)
             _worker.start()
     try:
-        _pending.put_nowait((time.time(), event))
+        _pending.put_nowait((time.time() if committed is None else committed, event))
     except queue.Full:
         log.warning("announcement queue full: event %s/%s left to gap replay", event.get("session_id"),
                     event.get("seq"))

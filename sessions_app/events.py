@@ -53,7 +53,7 @@ def event_record(*, session_id: uuid.UUID | str, type: str, payload: Mapping[str
             event = _insert_postgres(session_id, type, data, turn_id, step_id, now)
         else:
             event = _insert_portable(session_id, type, data, turn_id, step_id, now)
-        transaction.on_commit(partial(announce.announce_later, event.as_dict()), robust=True)
+        transaction.on_commit(partial(announce.announce_committed, [event.as_dict()]), robust=True)
     return event
 
 
@@ -66,8 +66,7 @@ def events_record_first(*, session: AgentSession, events: list[tuple[str, Mappin
     rows = [Event(session_id=session.id, seq=seq, type=type_, payload=dict(payload), turn_id=turn_id, created_at=now)
             for seq, (type_, payload, turn_id) in enumerate(events, start=1)]
     Event.objects.bulk_create(rows)
-    for event in rows:
-        transaction.on_commit(partial(announce.announce_later, event.as_dict()), robust=True)
+    transaction.on_commit(partial(announce.announce_committed, [event.as_dict() for event in rows]), robust=True)
 
 
 def _insert_portable(session_id: uuid.UUID | str, type: str, payload: dict[str, Any],

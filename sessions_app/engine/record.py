@@ -95,11 +95,11 @@ def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Se
         return None
     last_seq, values, changed = written
     first_seq = last_seq - len(events) + 1
-    for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True)):
-        event = {"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
-                 "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
-                 "created_at": now.isoformat()}
-        transaction.on_commit(partial(announce.announce_later, event), robust=True)
+    announced = [{"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
+                  "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
+                  "created_at": now.isoformat()}
+                 for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True))]
+    transaction.on_commit(partial(announce.announce_committed, announced), robust=True)
     return {**dict(zip(SESSION_FIELDS, values, strict=True)), "steps_changed": changed}
 
 

@@ -2,6 +2,7 @@
 it renders and sends them; without one alive, every writer announces by itself."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import transaction
 
 from agentops.dispatch import redis_client
 from sessions_app import announce
@@ -58,6 +60,12 @@ def _next_items(layer: Any, channel: str, seq: int) -> dict[str, Any]:
                 return item
 
 
+def _relayed_seqs(count: int) -> list[int]:
+    """The seqs of the newest ``count`` entries of the relay stream, oldest first."""
+    entries = redis_client().xrevrange(announce.RELAY_STREAM, count=count)
+    return [int(json.loads(fields[b"e"])["seq"]) for _, fields in reversed(entries)]  # type: ignore[arg-type]
+
+
 def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
         clean_relay: None, monkeypatch: pytest.MonkeyPatch, operator: Any, agent: Any) -> None:
     session = factories.session(agent=agent, owner=operator)
@@ -77,6 +85,14 @@ def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
         _wait_alive(proc)
         monkeypatch.setattr(announce, "fragments_renderer", counting)
         event = event_record(session_id=session.id, type="session.status_changed", payload={"status": "idle"})
+        # Relayed by the committing thread itself, before the write returned (no hop to a thread of
+        # this process that would wait for the GIL behind the writer), and a transaction's events
+        # in one go, in order.
+        assert _relayed_seqs(1) == [event.seq]
+        with transaction.atomic():
+            pair = [event_record(session_id=session.id, type="note.added", payload={"n": n}).seq for n in (1, 2)]
+            assert _relayed_seqs(2) == [event.seq]  # nothing before the commit
+        assert _relayed_seqs(2) == pair
         got = _next_items(layer, channel, event.seq)
         assert 'data-target="#session-status"' in got["html"]  # rendered, by the announcer process
         assert event.seq not in rendered_here  # not by the writer
