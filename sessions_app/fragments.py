@@ -53,7 +53,8 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
 
     The sidebar is rendered once per session per call, from the session row as it is now, and rides
     on that session's last event here that changes it: a batch of a hundred tool events costs one
-    sidebar, and the page never re-fetches it.
+    sidebar, and the page never re-fetches it. A step's card likewise rides on its last event here
+    (live.js applies a batch's fragments in seq order, and a resend's range is rendered as one call).
     """
     step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
     turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
@@ -61,7 +62,14 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
     steps = _step_views(step_ids)
     turns = selectors.turns_by_id(turn_ids)
     approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
-    htmls = [_render(e, steps=steps, turns=turns, approvals=approvals) for e in events]
+    # A card shows its step as it is now, so only the step's last event here carries it (of those
+    # sent to the same groups: an approval event also reaches the reviewers' queue): the engine
+    # commits a model reply, the tool call's start and end and the next model call together, and
+    # the tool's card rendered twice identically was a quarter of the announcer's rendering.
+    card_at = {_card_key(e): i for i, e in enumerate(events) if e.get("step_id") and _is_step_event(e)}
+    htmls = [_render(e, steps=steps, turns=turns, approvals=approvals,
+                     card=bool(e.get("step_id")) and card_at.get(_card_key(e)) == i)
+             for i, e in enumerate(events)]
     for i, e in enumerate(events):
         extra = hooks.EVENT_FRAGMENTS.get(e["type"])
         if extra is not None:  # the subagents' cards (fanout_app)
@@ -77,6 +85,11 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
     return htmls
 
 
+def _card_key(event: dict[str, Any]) -> tuple[str, bool]:
+    """Events with the same key share one card in a batch: the same step, sent to the same groups."""
+    return str(event.get("step_id")), str(event["type"]).startswith("approval.")
+
+
 def _is_step_event(event: dict[str, Any]) -> bool:
     """An event that re-renders its step's card (streamed output is appended instead)."""
     return event["type"] not in STREAMED and (event["type"].startswith(STEP_PREFIXES) or event["type"] in STEP_TYPES)
@@ -88,7 +101,7 @@ def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
 
 
 def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], turns: dict[str, Turn],
-            approvals: dict[str, Any]) -> str:
+            approvals: dict[str, Any], card: bool = True) -> str:
     etype, seq = event["type"], int(event["seq"])
     payload = event.get("payload") or {}
     turn_id, step_id = event.get("turn_id"), event.get("step_id")
@@ -127,7 +140,7 @@ def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], tur
     elif etype in NOTE_TYPES and turn_id:
         html = render_to_string("dashboard/_session_note.html", {"event": event})
         ops.append(_op("upsert", f"#turn-{turn_id}-items", html, seq=seq, dom_id=f"event-{seq}"))
-    if _is_step_event(event) and step_id and str(step_id) in steps:
+    if card and _is_step_event(event) and step_id and str(step_id) in steps:
         sv = steps[str(step_id)]
         sv.seq = seq
         html = render_to_string("dashboard/_step.html", {"sv": sv})

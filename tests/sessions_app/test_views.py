@@ -395,3 +395,27 @@ def test_timeline_page_ignores_a_before_out_of_range() -> None:
     client = login(owner)
     for before in ["99999999999999999999999", "-5", "x"]:
         assert client.get(f"/sessions/{session.id}/timeline/?before={before}").status_code == 200, before
+
+
+def test_a_steps_card_rides_on_its_last_event_of_a_batch(operator: User, agent: AgentProfile) -> None:
+    """The engine commits a model reply, a tool call's start and end and the next model call
+    together: the card shows the step as it is now, so it is rendered once, on the step's last
+    event; an approval event (it also reaches the reviewers' queue) keeps its own."""
+    session = factories.session(agent=agent, owner=operator)
+    turn = add_turn_with_steps(session, steps=2)
+    asked = Step.objects.filter(turn=turn, kind="tool").first()
+    assert asked is not None
+    services.event_record(session_id=session.id, turn_id=turn.id, step_id=asked.id, type="approval.decided",
+                          payload={"request_id": "r1", "status": "approved"})
+    services.event_record(session_id=session.id, turn_id=turn.id, step_id=asked.id, type="tool.completed")
+    events = [e.as_dict() for e in Event.objects.filter(session=session).order_by("seq")]
+    htmls = render_event_fragments(events)
+    for step in Step.objects.filter(turn=turn):
+        carrying = [e["type"] for e, html in zip(events, htmls, strict=True) if f'data-id="step-{step.id}"' in html]
+        of_step = [e["type"] for e in events if e["step_id"] == str(step.id) and e["type"] != "model.delta"]
+        expected = [of_step[-1]] if step != asked else ["approval.decided", "tool.completed"]
+        assert carrying == expected, step.kind
+    # Committed apart (each event a batch of its own), each event carries the card.
+    for event in events:
+        if event["type"] in ("tool.started", "model.started"):
+            assert f'data-id="step-{event["step_id"]}"' in render_event_fragment(event)
