@@ -2,6 +2,7 @@
 and loses none that a cancelled receive had taken (real Redis, a key prefix of the test's own)."""
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -88,3 +89,41 @@ async def test_what_a_cancelled_take_moved_to_the_backup_is_received_first(layer
     assert await receive_all(layer, channel, 4) == [0, 1, 2, 3]
     await layer.wait_received()
     assert await waiting_in_redis(layer, channel) == 0
+
+
+async def test_group_send_many_reaches_every_groups_channels_in_order_as_group_send_does(
+        layer: RedisChannelLayer) -> None:
+    other = RedisChannelLayer(hosts=[settings.REDIS_URL], prefix=layer.prefix, expiry=60, capacity=1000)
+    a, b = [await layer.new_channel() for _ in range(2)]
+    c = await other.new_channel()  # a channel of another process: a key of its own
+    await layer.group_add("one", a)
+    await layer.group_add("one", c)
+    await layer.group_add("two", a)
+    await layer.group_add("two", b)
+    await layer.group_send_many([("one", {"type": "m", "n": 1}), ("two", {"type": "m", "n": 2}),
+                                 ("nobody", {"type": "m", "n": 0})])
+    await layer.group_send_many([("two", {"type": "m", "n": 3}), ("one", {"type": "m", "n": 4})])
+    await layer.group_send("one", {"type": "m", "n": 5})  # the two ways interleave in order
+
+    assert await receive_all(layer, a, 5) == [1, 2, 3, 4, 5]
+    assert await receive_all(layer, b, 2) == [2, 3]
+    assert await receive_all(other, c, 3) == [1, 4, 5]
+    await layer.wait_received()
+    await other.wait_received()
+    assert await waiting_in_redis(layer, a) == 0 and await waiting_in_redis(other, c) == 0
+
+
+async def test_group_send_many_drops_what_a_full_channel_cannot_take_and_skips_expired_members(
+        layer: RedisChannelLayer) -> None:
+    small = RedisChannelLayer(hosts=[settings.REDIS_URL], prefix=layer.prefix, expiry=60, capacity=2)
+    full, gone = [await small.new_channel() for _ in range(2)]
+    await small.group_add("g", full)
+    connection = small.connection(small.consistent_hash("g"))
+    # A member that joined longer ago than group_expiry: left out (and removed), as group_send does.
+    await connection.zadd(small._group_key("g"), {gone: int(time.time()) - small.group_expiry - 5})
+    await small.group_send_many([("g", {"type": "m", "n": n}) for n in range(4)])
+
+    assert await receive_all(small, full, 2) == [0, 1]  # capacity 2: the third and fourth dropped
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(small.receive(full), 0.3)
+    assert await connection.zrange(small._group_key("g"), 0, -1) == [full.encode()]
