@@ -120,7 +120,8 @@ def main() -> int:
             children.append(("worker", worker))
             env["AGENTOPS_WORKSPACE_HOST"] = local_host
             priority.background(spawn("gateway", [PY, "manage.py", "model_gateway"]).pid)
-            spawn("announcer", [PY, "manage.py", "announcer"])  # renders and sends the live events
+            for name, command in webserve.announcer_commands(PY, env).items():
+                spawn(name, command)  # renders and sends the live events
             # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
             # process is bound to one core by the GIL (agentops/webserve.py).
             sock = stack.enter_context(webserve.listen(host, port))

@@ -248,6 +248,10 @@ AGENTOPS_PUSH_TIMINGS = env.bool("AGENTOPS_PUSH_TIMINGS", default=False)
 # committed events through a Redis stream instead of rendering and sending them themselves
 # (sessions_app/announce.py); off: every writer announces its own events.
 AGENTOPS_ANNOUNCE_RELAY = env.bool("AGENTOPS_ANNOUNCE_RELAY", default=True)
+# How many announcer processes share the sessions (`manage.py announcer --shard k`, k < this): each
+# announces the sessions whose id hashes to its shard, in commit order; a shard with none alive is
+# announced by the writers themselves. Every process must be given the same value.
+AGENTOPS_ANNOUNCERS = env.int("AGENTOPS_ANNOUNCERS", default=1)
 AGENTOPS_APPROVAL_TTL_SECONDS = env.int("AGENTOPS_APPROVAL_TTL_SECONDS", default=24 * 3600)
 # The reviewer's workflow (issue 17): a claim lapses after AGENTOPS_CLAIM_SECONDS; the review sweep
 # (claims, escalations) and the notification outbox run every AGENTOPS_REVIEW_SWEEP_SECONDS.

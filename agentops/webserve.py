@@ -35,3 +35,12 @@ def daphne_command(python: str, sock: socket.socket, extra: Sequence[str] = ()) 
     A WebSocket handshake window wider than daphne's 5 s, which a busy process misses."""
     return [python, "-m", "daphne", "--fd", str(sock.fileno()), "--websocket_connect_timeout", "30", *extra,
             "agentops.asgi:application"]
+
+
+def announcer_commands(python: str, env: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """The announcer processes that push live events to the web processes, by name: one per shard
+    of ``$AGENTOPS_ANNOUNCERS`` (in ``env``, else this process's environment; default 1), named
+    ``announcer``, ``announcer-2``, …"""
+    shards = max(1, int((os.environ if env is None else env).get("AGENTOPS_ANNOUNCERS") or 1))
+    return {("announcer" if k == 0 else f"announcer-{k + 1}"): [python, "manage.py", "announcer", "--shard", str(k)]
+            for k in range(shards)}

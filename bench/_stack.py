@@ -204,7 +204,8 @@ def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: s
         priority.background(stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600",
                                                         "--db-threads", "8"]).pid)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["announcer"])
-    stack.spawn("announcer", [PY, "manage.py", "announcer"])
+    for name, command in webserve.announcer_commands(PY, stack.env).items():
+        stack.spawn(name, command)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["web"])
     # One listening socket (a backlog for bursts of connections), adopted by each daphne; a
     # WebSocket handshake window wider than daphne's 5 s for a busy process (else it resets the client).

@@ -124,7 +124,7 @@ class Stack:
                                "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
                                "-n", f"sandbox{os.getpid()}@%h"],
             "gateway": [PY, "manage.py", "model_gateway", "--concurrency", "100"],
-            "announcer": [PY, "manage.py", "announcer"],
+            **webserve.announcer_commands(PY, self.env),
             "beat": [PY, "-m", "celery", "-A", "agentops", "beat", "-l", "warning",
                      "-s", str(self.logs / "beat-schedule")],
         }

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -220,76 +221,123 @@ def _run() -> None:
                 batch.append(_pending.get_nowait())
             except queue.Empty:
                 break
-        if relay_available() and relay_push(batch):
-            continue
+        if relay_alive():
+            batch = relay_push(batch)  # what no announcer process takes, announced here
+            if not batch:
+                continue
         close_old_connections()
         _send([event for _, event in batch], only_listened=True, committed=[at for at, _ in batch])
 
 
-# --- the relay: an announcer process of its own ------------------------------------------------
+# --- the relay: announcer processes of their own ----------------------------------------------
 # A writer whose process is busy (a model gateway driving hundreds of calls, an engine worker)
 # renders slowly: its announcer thread waits for the GIL between every query and every send
 # (measured in the gateway at 300 sessions: picked p99 574 ms, rendered p99 408 ms). When an
 # announcer process (``manage.py announcer``, ``relay.py``) is alive, writers only append their
 # committed events to a Redis stream, one pipelined round trip per batch, and it renders and sends
-# them. Without one (its heartbeat key expired) every writer announces by itself, as above.
+# them. With AGENTOPS_ANNOUNCERS > 1 the sessions are split between that many announcers (a
+# session's shard is a hash of its id, so its events keep their order), each with a stream and a
+# heartbeat of its own. For a shard with none alive (its heartbeat key expired) the writers
+# announce by themselves, as above.
 
 RELAY_STREAM = "agentops:announce"
 RELAY_ALIVE_KEY = "agentops:announcer:alive"
 RELAY_MAXLEN = 100_000
 RELAY_CHECK_SECONDS = 1.0
-_relay_state = {"alive": False, "checked_at": -1e9}
+_relay_state: dict[str, Any] = {"alive": frozenset(), "checked_at": -1e9}
 
 
-def relay_available() -> bool:
-    """Is an announcer process alive (its heartbeat key exists)? Asked of Redis at most once a
-    second per process; False when the relay is off (``AGENTOPS_ANNOUNCE_RELAY``) or Redis fails."""
+def relay_shards() -> int:
+    return max(1, int(settings.AGENTOPS_ANNOUNCERS))
+
+
+def shard_of(session_id: object, shards: int | None = None) -> int:
+    """The announcer shard of a session: the same in every process (crc32, not ``hash()``)."""
+    count = relay_shards() if shards is None else shards
+    return zlib.crc32(str(session_id).encode()) % count if count > 1 else 0
+
+
+def _suffix(shard: int) -> str:
+    return f":{shard}" if shard else ""  # shard 0 keeps the names of a single announcer
+
+
+def relay_stream(shard: int = 0) -> str:
+    return RELAY_STREAM + _suffix(shard)
+
+
+def relay_alive_key(shard: int = 0) -> str:
+    return RELAY_ALIVE_KEY + _suffix(shard)
+
+
+def relay_alive() -> frozenset[int]:
+    """The shards whose announcer is alive (its heartbeat key exists). Asked of Redis at most once a
+    second per process, one round trip; none when the relay is off (``AGENTOPS_ANNOUNCE_RELAY``)
+    or Redis fails."""
     if not settings.AGENTOPS_ANNOUNCE_RELAY:
-        return False
+        return frozenset()
     now = time.monotonic()
     if now - _relay_state["checked_at"] >= RELAY_CHECK_SECONDS:
         from agentops.dispatch import redis_client
 
+        shards = range(relay_shards())
         try:
-            _relay_state["alive"] = bool(redis_client().exists(RELAY_ALIVE_KEY))
+            pipe = redis_client().pipeline(transaction=False)
+            for shard in shards:
+                pipe.exists(relay_alive_key(shard))
+            _relay_state["alive"] = frozenset(s for s, found in zip(shards, pipe.execute(), strict=True) if found)
         except Exception:  # Redis down: announce here (which fails too, and costs only a re-read)
-            _relay_state["alive"] = False
+            _relay_state["alive"] = frozenset()
         _relay_state["checked_at"] = now
-    return bool(_relay_state["alive"])
+    alive: frozenset[int] = _relay_state["alive"]
+    return alive
 
 
-def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> bool:
-    """Append committed events to the relay stream, in commit order; False (nothing appended is
-    assumed) when Redis refuses, and the caller announces them itself."""
+def relay_available() -> bool:
+    """Is any announcer process alive?"""
+    return bool(relay_alive())
+
+
+def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
+    """Append committed events to their shards' relay streams, in commit order, one round trip;
+    returns those it did not append (their shard has no announcer alive, or Redis refused: then
+    all of them), which the caller announces itself."""
     from agentops.dispatch import redis_client
 
+    alive, shards = relay_alive(), relay_shards()
+    relayed: list[tuple[int, tuple[float, dict[str, Any]]]] = []
+    rest: list[tuple[int, tuple[float, dict[str, Any]]]] = []
+    for item in batch:
+        shard = shard_of(item[1].get("session_id"), shards)
+        (relayed if shard in alive else rest).append((shard, item))
+    if not relayed:
+        return batch
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for committed, event in batch:
-            pipe.xadd(RELAY_STREAM, {"e": json.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
+        for shard, (committed, event) in relayed:
+            pipe.xadd(relay_stream(shard), {"e": json.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
                       approximate=True)
         pipe.execute()
-        return True
     except Exception as exc:
         _relay_state["checked_at"] = -1e9  # ask again next time
         log.warning("relaying %d events failed, announcing them here: %s", len(batch), exc)
-        return False
+        return batch
+    return [item for _, item in rest]
 
 
 def announce_committed(events: list[dict[str, Any]]) -> None:
     """Hand on the events a transaction committed (an on_commit callback, in commit order): to the
-    announcer process's stream from the committing thread itself while one is alive, one pipelined
-    round trip; else to this process's announcer thread (``announce_later``). Never raises.
+    announcer processes' streams from the committing thread itself while they are alive, one
+    pipelined round trip; the rest to this process's announcer thread (``announce_later``). Never
+    raises.
 
     Why not always the thread: in a busy writer (the gateway, an engine worker, both at a lower CPU
     priority) the thread waited for the GIL and the CPU behind the writer it was meant to spare. In
     the load proof's push part, commit → picked by the announcer process was p50 5.3 / p99 55 ms
     for batches that found the announcer idle, most of an announcement's p99."""
     committed = time.time()
-    if relay_available() and relay_push([(committed, event) for event in events]):
-        return
-    for event in events:
-        announce_later(event, committed)
+    batch = [(committed, event) for event in events]
+    for at, event in relay_push(batch) if relay_alive() else batch:
+        announce_later(event, at)
 
 
 def announce_later(event: dict[str, Any], committed: float | None = None) -> None:

@@ -8,6 +8,10 @@ at-most-once anyway (clients re-read any gap in ``seq`` from the database), and 
 the commit order. The last id read is kept in Redis, so a restarted announcer goes on where the
 last one stopped, at most ``RESUME_SECONDS`` back: older events are already stale for a live view
 (clients re-read them on their next gap or reconnect).
+
+With ``AGENTOPS_ANNOUNCERS`` = n > 1, n such processes share the sessions (``--shard k``): each
+reads the stream, keeps the resume point and beats the heartbeat of its own shard
+(``announce.shard_of``), so a burst of many sessions' events is rendered on several cores.
 """
 
 import json
@@ -31,10 +35,14 @@ BLOCK_MS = 1000
 RESUME_SECONDS = 60
 
 
-def _start_id(client: Any) -> str:
-    """Where to read from: after the last id a previous announcer read, if it is recent; else the
-    stream's end."""
-    last = client.get(LAST_ID_KEY)
+def last_id_key(shard: int = 0) -> str:
+    return LAST_ID_KEY + (f":{shard}" if shard else "")
+
+
+def _start_id(client: Any, shard: int = 0) -> str:
+    """Where to read from: after the last id a previous announcer of the shard read, if it is
+    recent; else the stream's end."""
+    last = client.get(last_id_key(shard))
     if not last:
         return "$"
     last = _text(last)
@@ -65,19 +73,21 @@ def _decode(entries: list[tuple[Any, dict[Any, Any]]]) -> tuple[list[dict[str, A
     return events, committed
 
 
-def relay_run(stop: threading.Event) -> None:
-    """Announce relayed events until ``stop`` is set; survives Redis and database outages."""
+def relay_run(stop: threading.Event, shard: int = 0) -> None:
+    """Announce the events relayed to ``shard`` until ``stop`` is set; survives Redis and database
+    outages."""
+    stream, alive_key, resume_key = announce.relay_stream(shard), announce.relay_alive_key(shard), last_id_key(shard)
     last_id: str | None = None
     beat_at = 0.0
     while not stop.is_set():
         try:
             client = redis_client()
             if time.monotonic() - beat_at >= HEARTBEAT_SECONDS:
-                client.set(announce.RELAY_ALIVE_KEY, "1", ex=ALIVE_TTL_SECONDS)
+                client.set(alive_key, "1", ex=ALIVE_TTL_SECONDS)
                 beat_at = time.monotonic()
             if last_id is None:
-                last_id = _start_id(client)
-            got: Any = client.xread({announce.RELAY_STREAM: last_id}, count=announce.BATCH_LIMIT, block=BLOCK_MS)
+                last_id = _start_id(client, shard)
+            got: Any = client.xread({stream: last_id}, count=announce.BATCH_LIMIT, block=BLOCK_MS)
         except Exception as exc:  # Redis down or restarting: writers announce by themselves meanwhile
             log.warning("announcer: reading the relay stream failed: %s", exc)
             last_id = None
@@ -94,9 +104,9 @@ def relay_run(stop: threading.Event) -> None:
         # at all and the next announcer started from the stream's end, skipping what was relayed
         # while none ran.
         with suppress(Exception):  # else the next read fails the same way and restarts from the stored id
-            client.set(LAST_ID_KEY, last_id)
+            client.set(resume_key, last_id)
         if events:
             close_old_connections()
             announce.announce_batch(events, committed=committed)
     with suppress(Exception):
-        redis_client().delete(announce.RELAY_ALIVE_KEY)  # writers announce by themselves from now on
+        redis_client().delete(alive_key)  # writers announce by themselves from now on

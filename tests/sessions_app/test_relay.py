@@ -20,22 +20,24 @@ from django.db import transaction
 from agentops.dispatch import redis_client
 from sessions_app import announce
 from sessions_app.events import event_record
-from sessions_app.relay import LAST_ID_KEY
+from sessions_app.relay import last_id_key
 from tests import factories
 from tests.helpers import ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _start_announcer() -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL}
+def _start_announcer(*args: str, shards: int = 1) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
+           "AGENTOPS_ANNOUNCERS": str(shards)}
     env.pop("DATABASE_TEST_NAME", None)
-    return subprocess.Popen([sys.executable, "manage.py", "announcer"], cwd=ROOT, env=env, start_new_session=True)
+    return subprocess.Popen([sys.executable, "manage.py", "announcer", *args], cwd=ROOT, env=env,
+                            start_new_session=True)
 
 
-def _wait_alive(proc: subprocess.Popen[bytes]) -> None:
+def _wait_alive(proc: subprocess.Popen[bytes], shard: int = 0) -> None:
     deadline = time.monotonic() + 30
-    while not redis_client().exists(announce.RELAY_ALIVE_KEY):
+    while not redis_client().exists(announce.relay_alive_key(shard)):
         assert proc.poll() is None, "the announcer exited"
         assert time.monotonic() < deadline, "the announcer never said it is alive"
         time.sleep(0.05)
@@ -45,10 +47,12 @@ def _wait_alive(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def clean_relay() -> Iterator[None]:
     client = redis_client()
-    client.delete(announce.RELAY_ALIVE_KEY, announce.RELAY_STREAM, LAST_ID_KEY)
+    keys = [key for shard in (0, 1) for key in (announce.relay_alive_key(shard), announce.relay_stream(shard),
+                                                last_id_key(shard))]
+    client.delete(*keys)
     announce._relay_state["checked_at"] = -1e9
     yield
-    client.delete(announce.RELAY_ALIVE_KEY, announce.RELAY_STREAM, LAST_ID_KEY)
+    client.delete(*keys)
     announce._relay_state["checked_at"] = -1e9
 
 
@@ -141,3 +145,47 @@ def test_a_restarted_announcer_sends_what_was_relayed_while_it_was_down(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         async_to_sync(layer.group_discard)(announce.session_group(session.id), channel)
+
+
+def test_announcers_share_the_sessions_by_shard_and_a_shard_without_one_is_announced_by_the_writer(
+        clean_relay: None, monkeypatch: pytest.MonkeyPatch, settings: Any, operator: Any, agent: Any) -> None:
+    settings.AGENTOPS_ANNOUNCERS = 2
+    sessions: dict[int, Any] = {}
+    while len(sessions) < 2:  # one session of each shard
+        session = factories.session(agent=agent, owner=operator)
+        sessions.setdefault(announce.shard_of(session.id), session)
+    layer = get_channel_layer()
+    channels = {shard: async_to_sync(layer.new_channel)() for shard in sessions}
+    for shard, session in sessions.items():
+        async_to_sync(layer.group_add)(announce.session_group(session.id), channels[shard])
+    refused = subprocess.run([sys.executable, "manage.py", "announcer", "--shard", "2"], cwd=ROOT, capture_output=True,
+                             env={**os.environ, "AGENTOPS_ANNOUNCERS": "2"}, timeout=60)
+    assert refused.returncode != 0 and b"--shard must be from 0 to 1" in refused.stderr
+    proc = _start_announcer("--shard", "1", shards=2)  # shard 0 has no announcer
+    rendered_here: list[str] = []
+    real = announce.fragments_renderer
+    assert real is not None
+
+    def counting(events: list[dict[str, Any]]) -> list[str]:
+        rendered_here.extend(str(e["session_id"]) for e in events)
+        return real(events)
+
+    try:
+        _wait_alive(proc, shard=1)
+        assert announce.relay_alive() == {1}
+        monkeypatch.setattr(announce, "fragments_renderer", counting)
+        events = {shard: event_record(session_id=s.id, type="session.status_changed", payload={"status": "idle"})
+                  for shard, s in sessions.items()}
+        for shard, event in events.items():
+            assert 'data-target="#session-status"' in _next_items(layer, channels[shard], event.seq)["html"]
+        assert rendered_here == [str(sessions[0].id)]  # shard 1's event: rendered by its announcer
+        relayed = redis_client().xrange(announce.relay_stream(1))
+        assert [json.loads(fields[b"e"])["session_id"] for _, fields in relayed] == [  # type: ignore[union-attr]
+            str(sessions[1].id)]
+        assert not redis_client().exists(announce.relay_stream(0))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for shard, session in sessions.items():
+            async_to_sync(layer.group_discard)(announce.session_group(session.id), channels[shard])
