@@ -221,10 +221,9 @@ def _run() -> None:
                 batch.append(_pending.get_nowait())
             except queue.Empty:
                 break
-        if relay_alive():
-            batch = relay_push(batch)  # what no announcer process takes, announced here
-            if not batch:
-                continue
+        batch = relay_push(batch)  # what no announcer process takes is announced here
+        if not batch:
+            continue
         close_old_connections()
         _send([event for _, event in batch], only_listened=True, committed=[at for at, _ in batch])
 
@@ -292,23 +291,24 @@ def relay_alive() -> frozenset[int]:
     return alive
 
 
-def relay_available() -> bool:
-    """Is any announcer process alive?"""
-    return bool(relay_alive())
-
-
 def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
     """Append committed events to their shards' relay streams, in commit order, one round trip;
     returns those it did not append (their shard has no announcer alive, or Redis refused: then
     all of them), which the caller announces itself."""
     from agentops.dispatch import redis_client
 
-    alive, shards = relay_alive(), relay_shards()
+    alive = relay_alive()
+    if not alive:
+        return batch
+    shards = relay_shards()
     relayed: list[tuple[int, tuple[float, dict[str, Any]]]] = []
-    rest: list[tuple[int, tuple[float, dict[str, Any]]]] = []
+    rest: list[tuple[float, dict[str, Any]]] = []
     for item in batch:
         shard = shard_of(item[1].get("session_id"), shards)
-        (relayed if shard in alive else rest).append((shard, item))
+        if shard in alive:
+            relayed.append((shard, item))
+        else:
+            rest.append(item)
     if not relayed:
         return batch
     try:
@@ -321,7 +321,7 @@ def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, d
         _relay_state["checked_at"] = -1e9  # ask again next time
         log.warning("relaying %d events failed, announcing them here: %s", len(batch), exc)
         return batch
-    return [item for _, item in rest]
+    return rest
 
 
 def announce_committed(events: list[dict[str, Any]]) -> None:
@@ -336,7 +336,7 @@ def announce_committed(events: list[dict[str, Any]]) -> None:
     for batches that found the announcer idle, most of an announcement's p99."""
     committed = time.time()
     batch = [(committed, event) for event in events]
-    for at, event in relay_push(batch) if relay_alive() else batch:
+    for at, event in relay_push(batch):
         announce_later(event, at)
 
 

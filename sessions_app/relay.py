@@ -1,7 +1,7 @@
 """The announcer process: renders and sends the events that writers relay to it.
 
 Writers append each committed event to the ``RELAY_STREAM`` Redis stream while this process's
-heartbeat key exists (``announce.relay_available``); this loop reads the stream in order, renders
+heartbeat key exists (``announce.relay_alive``); this loop reads the stream in order, renders
 the fragments of a batch once and sends one message per group, as a writer's own announcer thread
 would, in a process that does nothing else. The stream is read with plain ``XREAD``: announcing is
 at-most-once anyway (clients re-read any gap in ``seq`` from the database), and one reader keeps

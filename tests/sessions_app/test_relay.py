@@ -64,6 +64,20 @@ def _next_items(layer: Any, channel: str, seq: int) -> dict[str, Any]:
                 return item
 
 
+def _rendered_here(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The events this process renders from now on (the writer's own announcements), in order."""
+    rendered: list[dict[str, Any]] = []
+    real = announce.fragments_renderer
+    assert real is not None
+
+    def counting(events: list[dict[str, Any]]) -> list[str]:
+        rendered.extend(events)
+        return real(events)
+
+    monkeypatch.setattr(announce, "fragments_renderer", counting)
+    return rendered
+
+
 def _relayed_seqs(count: int) -> list[int]:
     """The seqs of the newest ``count`` entries of the relay stream, oldest first."""
     entries = redis_client().xrevrange(announce.RELAY_STREAM, count=count)
@@ -77,17 +91,9 @@ def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(announce.session_group(session.id), channel)
     proc = _start_announcer()
-    rendered_here: list[int] = []
-    real = announce.fragments_renderer
-    assert real is not None
-
-    def counting(events: list[dict[str, Any]]) -> list[str]:
-        rendered_here.extend(int(e["seq"]) for e in events)
-        return real(events)
-
     try:
         _wait_alive(proc)
-        monkeypatch.setattr(announce, "fragments_renderer", counting)
+        rendered_here = _rendered_here(monkeypatch)
         event = event_record(session_id=session.id, type="session.status_changed", payload={"status": "idle"})
         # Relayed by the committing thread itself, before the write returned (no hop to a thread of
         # this process that would wait for the GIL behind the writer), and a transaction's events
@@ -99,7 +105,7 @@ def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
         assert _relayed_seqs(2) == pair
         got = _next_items(layer, channel, event.seq)
         assert 'data-target="#session-status"' in got["html"]  # rendered, by the announcer process
-        assert event.seq not in rendered_here  # not by the writer
+        assert event.seq not in [e["seq"] for e in rendered_here]  # not by the writer
         assert int(redis_client().xlen(announce.RELAY_STREAM)) >= 1  # type: ignore[arg-type]
 
         # The announcer stops (it says so): the writer announces by itself again.
@@ -109,7 +115,7 @@ def test_with_an_announcer_alive_the_writer_relays_and_renders_nothing_itself(
         announce._relay_state["checked_at"] = -1e9
         after = event_record(session_id=session.id, type="session.status_changed", payload={"status": "idle"})
         assert 'data-target="#session-status"' in _next_items(layer, channel, after.seq)["html"]
-        assert after.seq in rendered_here
+        assert after.seq in [e["seq"] for e in rendered_here]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -131,7 +137,7 @@ def test_a_restarted_announcer_sends_what_was_relayed_while_it_was_down(
         _next_items(layer, channel, seen.seq)
         os.killpg(first.pid, signal.SIGKILL)  # its heartbeat key outlives it for a few seconds
         first.wait()
-        assert announce.relay_available()
+        assert announce.relay_alive()
         relayed = event_record(session_id=session.id, type="note.added", payload={"text": "two"})
         deadline = time.monotonic() + 10
         while int(redis_client().xlen(announce.RELAY_STREAM)) < 2:  # type: ignore[arg-type]  # relayed by the writer
@@ -162,23 +168,16 @@ def test_announcers_share_the_sessions_by_shard_and_a_shard_without_one_is_annou
                              env={**os.environ, "AGENTOPS_ANNOUNCERS": "2"}, timeout=60)
     assert refused.returncode != 0 and b"--shard must be from 0 to 1" in refused.stderr
     proc = _start_announcer("--shard", "1", shards=2)  # shard 0 has no announcer
-    rendered_here: list[str] = []
-    real = announce.fragments_renderer
-    assert real is not None
-
-    def counting(events: list[dict[str, Any]]) -> list[str]:
-        rendered_here.extend(str(e["session_id"]) for e in events)
-        return real(events)
-
     try:
         _wait_alive(proc, shard=1)
         assert announce.relay_alive() == {1}
-        monkeypatch.setattr(announce, "fragments_renderer", counting)
+        rendered_here = _rendered_here(monkeypatch)
         events = {shard: event_record(session_id=s.id, type="session.status_changed", payload={"status": "idle"})
                   for shard, s in sessions.items()}
         for shard, event in events.items():
             assert 'data-target="#session-status"' in _next_items(layer, channels[shard], event.seq)["html"]
-        assert rendered_here == [str(sessions[0].id)]  # shard 1's event: rendered by its announcer
+        # Shard 0's event rendered here, by the writer; shard 1's by its announcer.
+        assert [str(e["session_id"]) for e in rendered_here] == [str(sessions[0].id)]
         relayed = redis_client().xrange(announce.relay_stream(1))
         assert [json.loads(fields[b"e"])["session_id"] for _, fields in relayed] == [  # type: ignore[union-attr]
             str(sessions[1].id)]
