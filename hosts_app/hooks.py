@@ -29,28 +29,38 @@ CACHE = "_agentops_host"
 
 
 # With no host registered at all (one machine, no `sandbox_host` anywhere) a tick must not pay a
-# query for hosts: that answer is remembered for NO_HOSTS_SECONDS (a new host is used after that).
+# query for hosts: whether any exists is asked at most once per NO_HOSTS_SECONDS in a process (a new
+# host is used after that). The first tick past the last answer asks; the ticks running meanwhile keep
+# that answer. Before, every tick that found the answer expired asked (pin lookup, candidates, exists)
+# until one of them had stored the new one: under load a burst of them, about 4 % of a model
+# gateway's CPU (py-spy, bench/concurrency.py N = 300).
 NO_HOSTS_SECONDS = 2.0
-_no_hosts_until = 0.0
+_hosts_exist: bool | None = None
+_hosts_asked_at = 0.0
 
 
 def cache_clear() -> None:
-    global _no_hosts_until
-    _no_hosts_until = 0.0
+    global _hosts_exist
+    _hosts_exist = None
+
+
+def _any_host() -> bool:
+    global _hosts_exist, _hosts_asked_at
+    now = time.monotonic()
+    if _hosts_exist is None or now - _hosts_asked_at >= NO_HOSTS_SECONDS:
+        _hosts_asked_at = now  # first: the ticks that come while this one asks keep the last answer
+        _hosts_exist = SandboxHost.objects.exists()
+    return _hosts_exist
 
 
 def host_of(session: AgentSession) -> SandboxHost | None:
     """The session's host, pinned now when it has none (cached on the instance for this tick)."""
-    global _no_hosts_until
     if not hasattr(session, CACHE):
         if not session.has_sandbox:
             return None  # no workspace (the wire's environment none): never pinned
-        if time.monotonic() < _no_hosts_until:
+        if not _any_host():
             return None  # no host exists, so no placement can (a placement protects its host)
-        pinned = session_pin(session=session)
-        if pinned is None and not SandboxHost.objects.exists():
-            _no_hosts_until = time.monotonic() + NO_HOSTS_SECONDS
-        setattr(session, CACHE, pinned)
+        setattr(session, CACHE, session_pin(session=session))
     host: SandboxHost | None = getattr(session, CACHE)
     return host
 

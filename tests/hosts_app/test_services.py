@@ -1,10 +1,14 @@
 """Sandbox hosts through their services and API: pinning, offline, moving, runner tokens."""
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentops import dispatch
@@ -64,6 +68,40 @@ def test_no_host_keeps_the_one_machine_path(operator: User) -> None:
     assert session_pin(session=session) is None
     assert hooks.workspace_is_local(session) is True
     assert not SessionPlacement.objects.exists()
+
+
+def test_with_no_host_a_burst_of_ticks_asks_for_hosts_once(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one tick asks whether any host exists, the others keep the last answer and query nothing
+    (they used to look up the pin, the candidates and the hosts each, a burst of them under load)."""
+    sessions = [factories.session(owner=operator) for _ in range(2)]
+    hooks.cache_clear()
+    assert hooks.workspace_is_local(sessions[0]) is True  # asked: no host
+    asking, answered = threading.Event(), threading.Event()
+    real_exists = type(SandboxHost.objects).exists
+
+    def slow_exists(manager: Any) -> bool:
+        asking.set()
+        assert answered.wait(10)
+        return bool(real_exists(manager))
+
+    monkeypatch.setattr(type(SandboxHost.objects), "exists", slow_exists)
+    monkeypatch.setattr(hooks, "_hosts_asked_at", time.monotonic() - hooks.NO_HOSTS_SECONDS)  # the answer expired
+    def ask() -> None:
+        try:
+            hooks.workspace_is_local(sessions[0])
+        finally:
+            connection.close()  # this thread's own connection
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert asking.wait(10)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            assert hooks.host_of(sessions[1]) is None
+    finally:
+        answered.set()
+        asker.join(10)
+    assert len(queries) == 0, [q["sql"] for q in queries]
 
 
 def test_a_remote_host_is_never_local_and_an_offline_one_makes_work_wait_visibly(operator: User) -> None:
