@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import Model, QuerySet
 
+from agentops.prepared import Prepared
 from sessions_app.models import AgentSession
 
 R = TypeVar("R", bound=Model)
@@ -20,6 +21,10 @@ R = TypeVar("R", bound=Model)
 # The sessions this thread's current outermost transaction has locked. Django's connection is
 # per thread, so a thread-local keyed by the outermost atomic block is exactly "this transaction".
 _held = threading.local()
+
+# Every tick's first query, compiled once (agentops/prepared.py).
+_LOCKED_WITH_AGENT = Prepared(lambda pk: AgentSession.objects.select_for_update(of=("self",))
+                              .select_related("agent").filter(pk=pk))
 
 
 def _held_locks() -> set[uuid.UUID] | None:
@@ -50,8 +55,7 @@ def session_lock(session_id: uuid.UUID | str) -> None:
 def session_lock_fetch(session_id: uuid.UUID | str) -> AgentSession | None:
     """Lock the session row and return it with its agent, in one query (see ``session_lock``)."""
     key = uuid.UUID(str(session_id))
-    session = (AgentSession.objects.select_for_update(of=("self",)).select_related("agent")
-               .filter(pk=key).first())
+    session = _LOCKED_WITH_AGENT.first(pk=key)
     held = _held_locks()
     if held is not None:
         held.add(key)

@@ -11,12 +11,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Subquery
+from django.db.models import QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agentops import dispatch
 from agentops.domain import joins_transaction
+from agentops.prepared import Prepared
 from approvals_app.models import ApprovalRequest
 from sessions_app import hooks
 from sessions_app.engine import llm
@@ -109,11 +110,19 @@ def _unmet_rounds(turn: Turn, last_model: Step | None) -> int:
                                result__all_met=False).count()
 
 
+def _latest_steps_query(turn_id: uuid.UUID) -> "QuerySet[Step]":
+    newest_model = Step.objects.filter(turn_id=turn_id, kind__in=MODEL_KINDS).order_by("-index").values("index")[:1]
+    return Step.objects.filter(turn_id=turn_id, index__gte=Coalesce(Subquery(newest_model), -1)).order_by("index")
+
+
+# The queries of every tick, compiled once (agentops/prepared.py).
+_LATEST_STEPS = Prepared(_latest_steps_query)
+_TURN = Prepared(lambda pk, session_id: Turn.objects.filter(pk=pk, session_id=session_id))
+
+
 def _latest_steps(turn: Turn) -> tuple[Step | None, list[Step]]:
     """The turn's newest model-kind step and the tool steps after it, in one query."""
-    newest_model = Step.objects.filter(turn_id=turn.pk, kind__in=MODEL_KINDS).order_by("-index").values("index")[:1]
-    rows = list(Step.objects.filter(turn_id=turn.pk, index__gte=Coalesce(Subquery(newest_model), -1))
-                .order_by("index"))
+    rows = _LATEST_STEPS.all(turn_id=turn.pk)
     last_model = rows[0] if rows and rows[0].kind in MODEL_KINDS else None
     return last_model, [step for step in rows if step.kind == Step.Kind.TOOL]
 
@@ -129,7 +138,7 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         if session_id is None:
             return None
     session = session_lock_fetch(session_id)
-    turn = Turn.objects.filter(pk=turn_id, session_id=session_id).first()
+    turn = _TURN.first(pk=uuid.UUID(str(turn_id)), session_id=session_id)
     if session is None or turn is None:
         return None
     last_model, tools = _latest_steps(turn)

@@ -1,0 +1,76 @@
+"""agentops.prepared: a hot queryset compiled once returns what the ORM returns."""
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.sql.compiler import SQLCompiler
+from django.db.transaction import TransactionManagementError
+
+from agentops.prepared import Prepared
+from sessions_app.engine import tick
+from sessions_app.locks import _LOCKED_WITH_AGENT
+from sessions_app.models import AgentSession, Step, Turn
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def fields(obj: Any) -> dict[str, Any]:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def test_prepared_queries_return_what_the_orm_returns_without_compiling_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sessions = [factories.session(title=f"s{n}", metadata={"n": n, "nested": [1, {"a": None}]}) for n in range(3)]
+    for session in sessions:
+        turn = factories.turn(session)
+        for index, kind in enumerate(["model", "tool", "model", "tool", "tool"]):
+            Step.objects.create(session=session, turn=turn, index=index + 1, kind=kind, tool_name="list_files",
+                                arguments={"path": f"p{index}"}, message={"content": "é ✓"})
+    prepared_turn = Prepared(lambda pk, session_id: Turn.objects.filter(pk=pk, session_id=session_id))
+    with transaction.atomic():
+        _LOCKED_WITH_AGENT.first(pk=sessions[0].pk)  # compiled here, once
+    tick._LATEST_STEPS.all(turn_id=uuid.uuid4())
+    prepared_turn.all(pk=uuid.uuid4(), session_id=sessions[0].pk)
+    compiled: list[str] = []
+    real_as_sql = SQLCompiler.as_sql
+    monkeypatch.setattr(SQLCompiler, "as_sql", lambda self, *a, **k: compiled.append("x") or real_as_sql(self, *a, **k))
+    for session in sessions:
+        turn = Turn.objects.get(session=session)
+        compiled.clear()
+        with transaction.atomic():
+            locked = _LOCKED_WITH_AGENT.first(pk=session.pk)
+        steps = tick._LATEST_STEPS.all(turn_id=turn.pk)
+        got_turn = prepared_turn.first(pk=turn.pk, session_id=session.pk)
+        assert compiled == ([] if connection.vendor == "postgresql" else compiled)
+        assert locked is not None and got_turn is not None
+        assert fields(locked) == fields(AgentSession.objects.get(pk=session.pk))
+        assert fields(locked.agent) == fields(session.agent)  # select_related, populated
+        assert "agent" in locked._state.fields_cache
+        assert [fields(s) for s in steps] == [fields(s) for s in tick._latest_steps_query(turn.pk)]
+        assert [s.index for s in steps] == [3, 4, 5]  # the newest model step and the tools after it
+        assert fields(got_turn) == fields(turn)
+        assert not got_turn._state.adding and got_turn._state.db == "default"
+    assert prepared_turn.first(pk=turn.pk, session_id=sessions[0].pk) is None  # another session's turn
+
+
+def test_prepared_refuses_what_it_cannot_prepare() -> None:
+    session = factories.session()
+    if connection.vendor == "postgresql":
+        with pytest.raises(TypeError, match="not one of"):  # a value the build makes up is no constant
+            Prepared(lambda pk: AgentSession.objects.filter(pk=pk, title=uuid.uuid4().hex)).all(pk=session.pk)
+        with pytest.raises(TypeError, match="do not reach"):
+            Prepared(lambda pk, ignored: AgentSession.objects.filter(pk=pk)).all(pk=session.pk, ignored=5)
+    # None (IS NULL) changes the query: built and run by the ORM as usual
+    assert Prepared(lambda title: AgentSession.objects.filter(title=title)).all(title=None) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_lock_outside_a_transaction_is_refused() -> None:
+    session = factories.session()
+    with transaction.atomic():
+        assert _LOCKED_WITH_AGENT.first(pk=session.pk) is not None
+    with pytest.raises(TransactionManagementError):
+        _LOCKED_WITH_AGENT.first(pk=session.pk)
