@@ -138,7 +138,7 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         if session_id is None:
             return None
     session = session_lock_fetch(session_id)
-    turn = _TURN.first(pk=uuid.UUID(str(turn_id)), session_id=session_id)
+    turn = _TURN.first(pk=uuid.UUID(str(turn_id)), session_id=uuid.UUID(str(session_id)))
     if session is None or turn is None:
         return None
     last_model, tools = _latest_steps(turn)
