@@ -42,7 +42,7 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, timeout: floa
     raise RuntimeError(f"{name} did not listen on port {port} within {timeout:.0f}s")
 
 
-def _wait_healthy(port: int, timeout: float = 60) -> None:
+def _wait_healthy(port: int, timeout: float = 120) -> None:
     """Print the URL only once /healthz says the worker answers too (it boots after daphne)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,6 +71,8 @@ def main() -> int:
             env["REDIS_URL"] = stack.enter_context(embedded_redis())
             print(f"embedded Redis at {env['REDIS_URL']} (set REDIS_URL to use your own)")
         model_url = ""
+        model: subprocess.Popen[bytes] | None = None
+        mport = 0
 
         def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
             proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, pass_fds=pass_fds)
@@ -99,14 +101,15 @@ def main() -> int:
                 env.setdefault("AGENTOPS_HTTP_ALLOWED_HOSTS", "127.0.0.1")
                 env.setdefault("AGENTOPS_HTTP_ALLOW_PRIVATE", "1")
                 model = spawn("scripted model", [PY, "manage.py", "scripted_model", "--port", str(mport)])
-                wait_port(mport, model, "scripted model")
                 model_url = f"http://127.0.0.1:{mport}/v1"
                 # The default endpoint of every process started from here on: agent profiles with
                 # no endpoint of their own (those made through /openai/v1) use the scripted model.
                 env["OPENAI_BASE_URL"] = model_url
-            subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-            subprocess.run([PY, "manage.py", "agentops_demo", "--model-url", model_url], cwd=ROOT, env=env,
-                           check=True)
+            # The model boots while the database is migrated and seeded (one process for both).
+            subprocess.run([PY, "manage.py", "agentops_demo", "--migrate", "--model-url", model_url], cwd=ROOT,
+                           env=env, check=True)
+            if model is not None:
+                wait_port(mport, model, "scripted model")
             # The worker is also this machine's sandbox host "local" (queue sandbox.local): it registers
             # and heartbeats, sessions are pinned to it, and every process here shares its workspaces.
             local_host = env.get("AGENTOPS_SANDBOX_HOST") or "local"

@@ -2,6 +2,7 @@ import os
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
@@ -32,6 +33,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model-url", default="", help="Base URL of the scripted model server.")
+        parser.add_argument("--migrate", action="store_true",
+                            help="Apply the migrations first (make run: one process start instead of two).")
         parser.add_argument("scenario", nargs="?", choices=["airline"],
                             help="Also start a scenario: airline = the rebooking desk's batch of cases.")
 
@@ -50,6 +53,8 @@ class Command(BaseCommand):
         self.stdout.write(f"vault: secret {DEMO_STATUS_SECRET!r} of team {team.slug!r} (http_request only)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
         with transaction.atomic():
             profile = self._seed(options)
         # The incident tracker (an MCP server) is discovered outside the transaction: it runs a process.
