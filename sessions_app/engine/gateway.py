@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 READ_BATCH = 100
+BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_KEY = "agentops:gateway:"
 
@@ -115,8 +116,9 @@ class Gateway:
         self.reclaim_after = reclaim_after_seconds or settings.AGENTOPS_GATEWAY_RECLAIM_SECONDS
         self.watch_seconds = watch_seconds or settings.AGENTOPS_GATEWAY_WATCH_SECONDS
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self._executor = None if db_in_loop else ThreadPoolExecutor(
-            _db_threads(db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS), thread_name_prefix="gateway-db")
+        self.db_threads = _db_threads(db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS)
+        self._executor = None if db_in_loop else ThreadPoolExecutor(self.db_threads, thread_name_prefix="gateway-db")
+        self.db_waiting = 0  # database calls submitted and not finished (running or queued)
         self._clients_per_endpoint = clients_per_endpoint
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
@@ -136,7 +138,18 @@ class Gateway:
         if self._executor is None:
             return _db_call(fn, args, kwargs)  # on the loop's thread (a test's), the connection handed back too
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(_db_call, fn, args, kwargs))
+        self.db_waiting += 1
+        try:
+            return await loop.run_in_executor(self._executor, partial(_db_call, fn, args, kwargs))
+        finally:
+            self.db_waiting -= 1
+
+    def _takes(self, free: int) -> int:
+        """How many new entries to read now: none while the database threads have a queue of their
+        own work (the replies in flight come first, and another gateway with idle threads takes the
+        new turns: with two gateways reading 100 at a time, the one that got the CPU first took most
+        of a burst of new sessions and drove them at twice the other's load), else up to ``free``."""
+        return max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
 
     # --- driving a turn -----------------------------------------------------------------------
 
@@ -289,9 +302,13 @@ class Gateway:
                 if free <= 0:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                takes = self._takes(free)
+                if takes <= 0:
+                    await asyncio.sleep(BUSY_PAUSE_SECONDS)
+                    continue
                 try:
                     batches = await client.xreadgroup(MODEL_GROUP, self.name, {MODEL_STREAM: ">"},
-                                                      count=min(free, READ_BATCH), block=1000)
+                                                      count=takes, block=1000)
                 except aioredis.RedisError as exc:
                     log.warning("model gateway: reading the stream failed (%s); retrying", exc)
                     if "NOGROUP" in str(exc):
@@ -374,12 +391,12 @@ class Gateway:
         while True:
             await asyncio.sleep(self.reclaim_after / 3)
             try:
-                free = self.concurrency - len(tasks)
-                if free <= 0:
+                takes = self._takes(self.concurrency - len(tasks))
+                if takes <= 0:
                     continue
                 _next, entries, *_ = await client.xautoclaim(MODEL_STREAM, MODEL_GROUP, self.name,
                                                              min_idle_time=int(self.reclaim_after * 1000),
-                                                             start_id="0-0", count=min(free, READ_BATCH))
+                                                             start_id="0-0", count=takes)
                 for entry_id, fields in entries:
                     if fields:  # a deleted entry comes back empty
                         log.warning("model gateway: taking over entry %s", entry_id)

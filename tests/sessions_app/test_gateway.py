@@ -1,6 +1,9 @@
 """The model gateway: at-least-once hand-off over the Redis stream, one call per step whatever is
 delivered twice, a gateway killed with calls in flight, and rate limits per endpoint."""
 
+import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -104,6 +107,36 @@ def test_gateway_recreates_its_group_after_redis_lost_everything(
         gateway.stop_threadsafe()
         thread.join(30)
     assert turn.status == "completed" and turn.output_text == f"after the restart {token}"
+    assert len(_requests_of(scripted_model, token)) == 1
+
+
+def test_a_gateway_whose_database_threads_are_behind_leaves_new_turns_to_another(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    """A gateway takes new entries only while its database threads keep up: before, two gateways
+    reading 100 entries at a time split a burst of new sessions by who got the CPU first, and the
+    one that took most drove them at twice the other's load (bench/concurrency.py, N = 300)."""
+    token = uuid.uuid4().hex
+    busy, busy_thread = run_in_thread(concurrency=10, db_threads=1, reclaim_after_seconds=30)
+    release = threading.Event()
+    assert busy._loop is not None
+    held = [asyncio.run_coroutine_threadsafe(busy.db(release.wait, 60), busy._loop) for _ in range(2)]
+    other = other_thread = None
+    try:
+        wait_for(lambda: busy.db_waiting == 2, 10, "the busy gateway's database thread and queue to fill")
+        time.sleep(1.5)  # its read of the stream (a 1-s block) that began before has returned
+        other, other_thread = run_in_thread(concurrency=10, db_threads=2, reclaim_after_seconds=30)
+        step = _planned_model_step(engine_agent, owner, f"say by the other {token}")
+        # The busy gateway cannot tick anything until released: only the other one can finish it.
+        turn = finished(Turn.objects.get(pk=step.turn_id), timeout=15)
+    finally:
+        release.set()
+        for future in held:
+            future.result(10)
+        for gateway, thread in ((busy, busy_thread), (other, other_thread)):
+            if gateway is not None and thread is not None:
+                gateway.stop_threadsafe()
+                thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"by the other {token}"
     assert len(_requests_of(scripted_model, token)) == 1
 
 
