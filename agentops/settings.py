@@ -301,7 +301,10 @@ AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_A
 # The model gateway: model calls in flight per gateway process, its database threads, and how
 # long a stopping gateway lets its calls finish.
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
-AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
+# 4 database threads, not 8: they share the process's GIL with the event loop, and each statement
+# waits for it again; with 8, a gateway's commits took longer (bench/concurrency.py N = 300, three
+# runs each: event created → committed p50 44-48 → 28-31 ms, p99 298-394 → 190-217 ms).
+AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=4)
 AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
 # How often the gateway looks whether the steps of its calls in flight were settled elsewhere (a
 # cancelled turn): it then lets go of their calls.
