@@ -60,6 +60,7 @@ T = TypeVar("T")
 
 READ_BATCH = 100
 BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
+HOLD_MAX_SECONDS = 0.5  # and reads a few entries anyway once it has not read for this long
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_KEY = "agentops:gateway:"
 
@@ -119,6 +120,7 @@ class Gateway:
         self.db_threads = _db_threads(db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS)
         self._executor = None if db_in_loop else ThreadPoolExecutor(self.db_threads, thread_name_prefix="gateway-db")
         self.db_waiting = 0  # database calls submitted and not finished (running or queued)
+        self._read_at = time.monotonic()  # when the stream was last read
         self._clients_per_endpoint = clients_per_endpoint
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
@@ -144,12 +146,20 @@ class Gateway:
         finally:
             self.db_waiting -= 1
 
-    def _takes(self, free: int) -> int:
-        """How many new entries to read now: none while the database threads have a queue of their
-        own work (the replies in flight come first, and another gateway with idle threads takes the
-        new turns: with two gateways reading 100 at a time, the one that got the CPU first took most
-        of a burst of new sessions and drove them at twice the other's load), else up to ``free``."""
-        return max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
+    def _takes(self, free: int) -> tuple[int, int | None]:
+        """How many new entries to read now, and how long to wait for them (ms; None: not at all).
+        None to read while the database threads have a queue of their own work: the replies in
+        flight come first, and another gateway with idle threads (waiting on the stream) takes
+        the new turns. Before, two gateways reading 100 entries at a time split a burst of new
+        sessions by who got the CPU first, and the one that took most drove them at twice the
+        other's load. A busy gateway still reads, without waiting, a few of the entries no one has
+        taken, once every ``HOLD_MAX_SECONDS``: a new turn is never left behind for long."""
+        takes = max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
+        if takes > 0:
+            return takes, 1000
+        if free > 0 and time.monotonic() - self._read_at > HOLD_MAX_SECONDS:
+            return min(free, self.db_threads), None
+        return 0, None
 
     # --- driving a turn -----------------------------------------------------------------------
 
@@ -302,13 +312,16 @@ class Gateway:
                 if free <= 0:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                takes = self._takes(free)
+                takes, block = self._takes(free)
                 if takes <= 0:
                     await asyncio.sleep(BUSY_PAUSE_SECONDS)
                     continue
+                self._read_at = time.monotonic()
                 try:
                     batches = await client.xreadgroup(MODEL_GROUP, self.name, {MODEL_STREAM: ">"},
-                                                      count=takes, block=1000)
+                                                      count=takes, block=block)
+                    if block is None and not batches:
+                        await asyncio.sleep(BUSY_PAUSE_SECONDS)
                 except aioredis.RedisError as exc:
                     log.warning("model gateway: reading the stream failed (%s); retrying", exc)
                     if "NOGROUP" in str(exc):
@@ -391,7 +404,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.reclaim_after / 3)
             try:
-                takes = self._takes(self.concurrency - len(tasks))
+                takes, _ = self._takes(self.concurrency - len(tasks))
                 if takes <= 0:
                     continue
                 _next, entries, *_ = await client.xautoclaim(MODEL_STREAM, MODEL_GROUP, self.name,

@@ -140,6 +140,36 @@ def test_a_gateway_whose_database_threads_are_behind_leaves_new_turns_to_another
     assert len(_requests_of(scripted_model, token)) == 1
 
 
+def test_a_busy_gateway_alone_still_takes_a_new_turn(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    """With no other gateway to take it, a new turn is read within HOLD_MAX_SECONDS by a gateway
+    whose database threads are behind, and runs once they catch up."""
+    token = uuid.uuid4().hex
+    busy, thread = run_in_thread(concurrency=10, db_threads=1, reclaim_after_seconds=30)
+    release = threading.Event()
+    assert busy._loop is not None
+    held = [asyncio.run_coroutine_threadsafe(busy.db(release.wait, 60), busy._loop) for _ in range(2)]
+    try:
+        wait_for(lambda: busy.db_waiting == 2, 10, "the gateway's database thread and queue to fill")
+        step = _planned_model_step(engine_agent, owner, f"say once caught up {token}")
+
+        def read_by_busy() -> bool:
+            pending: Any = redis_client().xpending(MODEL_STREAM, MODEL_GROUP)
+            return pending["pending"] == 1 and any(c["name"].decode() == busy.name for c in pending["consumers"])
+
+        wait_for(read_by_busy, 5, "the busy gateway to read the entry")
+        assert Turn.objects.get(pk=step.turn_id).is_active  # its tick waits for a database thread
+        release.set()
+        turn = finished(Turn.objects.get(pk=step.turn_id), timeout=15)
+    finally:
+        release.set()
+        for future in held:
+            future.result(10)
+        busy.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"once caught up {token}"
+
+
 def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
         engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
         worker_process: WorkerFactory) -> None:
