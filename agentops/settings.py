@@ -301,10 +301,13 @@ AGENTOPS_MODEL_KEY_ENVS = env.list("AGENTOPS_MODEL_KEY_ENVS", default=["OPENAI_A
 # The model gateway: model calls in flight per gateway process, its database threads, and how
 # long a stopping gateway lets its calls finish.
 AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=500)
-# 4 database threads, not 8: they share the process's GIL with the event loop, and each statement
-# waits for it again; with 8, a gateway's commits took longer (bench/concurrency.py N = 300, three
-# runs each: event created → committed p50 44-48 → 28-31 ms, p99 298-394 → 190-217 ms).
-AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=4)
+# The database threads share the process's GIL with the event loop and every statement waits for
+# it again: fewer threads commit faster, more overlap more database work. bench/concurrency.py,
+# 2026-12-03: make run's one gateway (200 sessions) took 2.00-2.08x the ideal with 8 and 2.42-2.60x
+# with 4; each of the multi layout's two gateways (N = 300) committed faster with 4 (event created
+# -> committed p50 44-48 -> 28-31 ms, p99 298-394 -> 190-217 ms, three runs each), the README's
+# layout passes --db-threads 4.
+AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
 AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
 # How often the gateway looks whether the steps of its calls in flight were settled elsewhere (a
 # cancelled turn): it then lets go of their calls.

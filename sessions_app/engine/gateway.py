@@ -152,13 +152,13 @@ class Gateway:
         flight come first, and another gateway with idle threads (waiting on the stream) takes
         the new turns. Before, two gateways reading 100 entries at a time split a burst of new
         sessions by who got the CPU first, and the one that took most drove them at twice the
-        other's load. A busy gateway still reads, without waiting, a few of the entries no one has
+        other's load. A busy gateway still reads, without waiting, the entries no one has
         taken, once every ``HOLD_MAX_SECONDS``: a new turn is never left behind for long."""
         takes = max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
         if takes > 0:
             return takes, 1000
         if free > 0 and time.monotonic() - self._read_at > HOLD_MAX_SECONDS:
-            return min(free, self.db_threads), None
+            return min(free, READ_BATCH), None
         return 0, None
 
     # --- driving a turn -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=None,
                             help="model calls in flight at once (default: $AGENTOPS_GATEWAY_CONCURRENCY, 500)")
         parser.add_argument("--db-threads", type=int, default=None,
-                            help="threads for the database work (default: $AGENTOPS_GATEWAY_DB_THREADS, 4)")
+                            help="threads for the database work (default: $AGENTOPS_GATEWAY_DB_THREADS, 8)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         gateway = Gateway(concurrency=options["concurrency"], db_threads=options["db_threads"])
