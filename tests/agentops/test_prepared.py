@@ -7,12 +7,16 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
+from agentops.models import ApiToken
 from agentops.prepared import Prepared
+from agentops.selectors import api_token_get, token_sha256
 from sessions_app.engine import tick
 from sessions_app.locks import _LOCKED_WITH_AGENT
 from sessions_app.models import AgentSession, Step, Turn
 from tests import factories
+from tests.helpers import api_token
 
 pytestmark = pytest.mark.django_db
 
@@ -75,8 +79,39 @@ def test_prepared_refuses_what_it_cannot_prepare() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_prepared_lock_outside_a_transaction_is_refused() -> None:
+    """As the ORM refuses it: where the database has SELECT … FOR UPDATE (SQLite has none, and
+    Django runs the query without the lock there)."""
     session = factories.session()
     with transaction.atomic():
         assert _LOCKED_WITH_AGENT.first(pk=session.pk) is not None
+    if not connection.features.has_select_for_update:
+        assert _LOCKED_WITH_AGENT.first(pk=session.pk) is not None
+        return
     with pytest.raises(TransactionManagementError):
         _LOCKED_WITH_AGENT.first(pk=session.pk)
+
+
+def test_api_token_lookup_is_compiled_once_and_refuses_what_the_orm_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    live, revoked, inactive = (factories.user(name) for name in ("live", "gone", "asleep"))
+    tokens = {user.username: api_token(user) for user in (live, revoked, inactive)}
+    ApiToken.objects.filter(token_sha256=token_sha256(tokens["gone"])).update(revoked_at=timezone.now())
+    inactive.is_active = False
+    inactive.save(update_fields=["is_active"])
+    api_token_get(tokens["live"])  # compiled here, once
+    compiled: list[str] = []
+    real_as_sql = SQLCompiler.as_sql
+
+    def counted_as_sql(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(self.query.model.__name__ if self.query.model else "?")
+        return real_as_sql(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", counted_as_sql)
+    row = api_token_get(tokens["live"])
+    refused = [api_token_get(tokens["gone"]), api_token_get(tokens["asleep"]), api_token_get("aop_" + "x" * 40)]
+    if connection.vendor == "postgresql":
+        assert compiled == []
+    assert row is not None and row.user.username == "live" and "user" in row._state.fields_cache
+    assert fields(row) == fields(ApiToken.objects.get(token_sha256=token_sha256(tokens["live"])))
+    assert fields(row.user) == fields(live)
+    assert refused == [None, None, None]
