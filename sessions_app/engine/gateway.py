@@ -17,7 +17,7 @@ A turn's loop, as in Celery's ``tick.turn_advance`` but with the model call awai
     tick (claims the model step) → call the model → record the reply
         → read-only tools inline, next model step claimed in the same write → call … → tick
 
-One module (~460 lines) on purpose: it is the ``Gateway`` class and the few helpers it runs
+One module (~500 lines) on purpose: it is the ``Gateway`` class and the few helpers it runs
 with; its two halves (driving a turn's calls; the stream it reads, with the re-claim, the lease
 renewal and the heartbeat) share the instance's ``held`` steps, which decide both what is driven
 and which leases are renewed. The calls themselves (``llm``), the records and the conversation
@@ -60,7 +60,7 @@ T = TypeVar("T")
 
 READ_BATCH = 100
 BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
-HOLD_MAX_SECONDS = 0.5  # and reads a few entries anyway once it has not read for this long
+HOLD_MAX_SECONDS = 0.5  # and reads what no one has taken, without waiting, once it has not read for this long
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_KEY = "agentops:gateway:"
 
@@ -148,7 +148,7 @@ class Gateway:
 
     def _takes(self, free: int) -> tuple[int, int | None]:
         """How many new entries to read now, and how long to wait for them (ms; None: not at all).
-        None to read while the database threads have a queue of their own work: the replies in
+        None while the database threads have a queue of their own work: the replies in
         flight come first, and another gateway with idle threads (waiting on the stream) takes
         the new turns. Before, two gateways reading 100 entries at a time split a burst of new
         sessions by who got the CPU first, and the one that took most drove them at twice the
