@@ -25,6 +25,19 @@ def fields(obj: Any) -> dict[str, Any]:
     return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
 
 
+def count_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the model of each queryset the ORM compiles to SQL, in order."""
+    compiled: list[str] = []
+    real_as_sql = SQLCompiler.as_sql
+
+    def counted_as_sql(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(self.query.model.__name__ if self.query.model else "?")
+        return real_as_sql(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", counted_as_sql)
+    return compiled
+
+
 def test_prepared_queries_return_what_the_orm_returns_without_compiling_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     sessions = [factories.session(title=f"s{n}", metadata={"n": n, "nested": [1, {"a": None}]}) for n in range(3)]
@@ -38,14 +51,7 @@ def test_prepared_queries_return_what_the_orm_returns_without_compiling_again(
         _LOCKED_WITH_AGENT.first(pk=sessions[0].pk)  # compiled here, once
     tick._LATEST_STEPS.all(turn_id=uuid.uuid4())
     prepared_turn.all(pk=uuid.uuid4(), session_id=sessions[0].pk)
-    compiled: list[str] = []
-    real_as_sql = SQLCompiler.as_sql
-
-    def counted_as_sql(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
-        compiled.append(self.query.model.__name__ if self.query.model else "?")
-        return real_as_sql(self, *args, **kwargs)
-
-    monkeypatch.setattr(SQLCompiler, "as_sql", counted_as_sql)
+    compiled = count_compiles(monkeypatch)
     for session in sessions:
         turn = Turn.objects.get(session=session)
         compiled.clear()
@@ -99,14 +105,7 @@ def test_api_token_lookup_is_compiled_once_and_refuses_what_the_orm_refused(
     inactive.is_active = False
     inactive.save(update_fields=["is_active"])
     api_token_get(tokens["live"])  # compiled here, once
-    compiled: list[str] = []
-    real_as_sql = SQLCompiler.as_sql
-
-    def counted_as_sql(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
-        compiled.append(self.query.model.__name__ if self.query.model else "?")
-        return real_as_sql(self, *args, **kwargs)
-
-    monkeypatch.setattr(SQLCompiler, "as_sql", counted_as_sql)
+    compiled = count_compiles(monkeypatch)
     row = api_token_get(tokens["live"])
     refused = [api_token_get(tokens["gone"]), api_token_get(tokens["asleep"]), api_token_get("aop_" + "x" * 40)]
     if connection.vendor == "postgresql":
