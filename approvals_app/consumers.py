@@ -2,8 +2,10 @@
 
 Forwards the ``approval.*`` events of every session (event + fragment, rendered once by the
 sender). On (re)connect the client says when its page was current (``since``); the consumer
-sends the approval events stored since then, in order, so a reconnect misses nothing. Applying
-them twice is harmless: the fragments upsert or remove one item by request id.
+sends the approval events stored since then, in order, so a reconnect misses nothing. An event
+committed while that backlog is read reaches the consumer twice (in the backlog, and live once the
+backlog is sent): the live copy is dropped. Applying one twice would be harmless anyway: the
+fragments upsert or remove one item by request id.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -53,6 +55,7 @@ def _queue_groups(user: Any) -> list[str] | None:
 class ApprovalsConsumer(JsonConsumer):
     groups_joined: list[str]
     ready: bool = False
+    backlog_sent: set[tuple[str, int]]  # (session id, seq) of the hello's events
     watchdog: Watchdog | None = None
 
     async def connect(self) -> None:
@@ -93,9 +96,11 @@ class ApprovalsConsumer(JsonConsumer):
             raise BadMessage("hello was already sent on this connection.", code="already_started")
         since = _since(content.get("since"))
         position: Position | None = None
+        self.backlog_sent = set()
         while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
             messages, position = await database_read(load_approval_events)(self.scope["user"], since, position)
             for message in messages:
+                self.backlog_sent.add((message["event"]["session_id"], message["event"]["seq"]))
                 await self.send_json(message)
             if len(messages) < BACKLOG_PAGE:
                 break
@@ -118,7 +123,9 @@ class ApprovalsConsumer(JsonConsumer):
                               "ttl": message["ttl"]})
 
     async def event_message(self, message: dict[str, Any]) -> None:
-        if self.ready:  # earlier messages are in the hello's backlog
+        event = message["event"]
+        if self.ready and (event["session_id"], event["seq"]) not in self.backlog_sent:
+            # Before the hello is done, an event is in its backlog or comes later; after, it may be both.
             await self.send_json({"type": "event", "event": message["event"], "html": message.get("html", "")})
 
     async def event_batch(self, message: dict[str, Any]) -> None:

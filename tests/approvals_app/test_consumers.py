@@ -64,6 +64,32 @@ async def test_missed_requests_on_connect_then_live() -> None:
     await comm.disconnect()
 
 
+async def test_an_event_committed_while_the_backlog_is_read_is_sent_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request is committed (and announced) while the hello's backlog is read: it is in that
+    backlog, and its live copy waits for the hello to end. The client gets it once."""
+    from approvals_app import consumers
+
+    reviewer = await reviewer_user()
+    made: list[ApprovalRequest] = []
+    load = consumers.load_approval_events
+
+    def load_after_a_commit(*args: object) -> object:
+        if not made:
+            made.append(make_request.func())
+        return load(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(consumers, "load_approval_events", load_after_a_commit)
+    comm = await communicator(reviewer)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "hello", "since": timezone.now().isoformat()})
+    first = await comm.receive_json_from(timeout=5)
+    assert first["event"]["payload"]["request_id"] == str(made[0].request_id)
+    second = await make_request()
+    nxt = await comm.receive_json_from(timeout=5)  # not the first one again
+    assert nxt["event"]["payload"]["request_id"] == str(second.request_id)
+    await comm.disconnect()
+
+
 async def test_a_long_backlog_is_sent_page_by_page_without_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("approvals_app.consumers.BACKLOG_PAGE", 2)
     reviewer = await reviewer_user()
