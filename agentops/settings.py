@@ -112,6 +112,7 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     (BASE_DIR / "var").mkdir(exist_ok=True)
+    DATABASES["default"]["ENGINE"] = "agentops.sqlite_backend"  # writers queue on a lock file
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
         "transaction_mode": "IMMEDIATE",
