@@ -170,6 +170,34 @@ def test_a_busy_gateway_alone_still_takes_a_new_turn(
     assert turn.status == "completed" and turn.output_text == f"once caught up {token}"
 
 
+def test_a_new_turn_reaches_the_model_after_one_database_call(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer) -> None:
+    """The first tick and the conversation's load are one call on the database threads: as two, a
+    burst of new turns queued every tick first and every load behind them, and no first model call
+    went out until the whole burst was ticked (bench/concurrency.py, N = 300)."""
+    token = uuid.uuid4().hex
+    gateway, thread = run_in_thread(concurrency=10, db_threads=1, reclaim_after_seconds=30)
+    calls: list[tuple[float, str]] = []
+    db = gateway.db
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((time.time(), getattr(fn, "__qualname__", repr(fn))))
+        return await db(fn, *args, **kwargs)
+
+    gateway.db = counted  # type: ignore[method-assign]
+    try:
+        _, turn = session_start(agent=engine_agent, owner=owner, input=f"say first {token}")
+        assert turn is not None
+        turn = finished(turn, timeout=15)
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"first {token}"
+    (request,) = _requests_of(scripted_model, token)
+    before = [name for at, name in calls if at <= request.received_at]
+    assert len(before) == 1, before
+
+
 def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
         engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
         worker_process: WorkerFactory) -> None:
