@@ -271,6 +271,7 @@ async def _floor_session(clients: list[Any], i: int, workspace: Path) -> float:
     import openai
     from openai.types.chat import ChatCompletion
 
+    from sessions_app.engine.llm import ModelReply, chunk_fold
     from tools_app.builtin import execute_tool
 
     client = clients[i % len(clients)]
@@ -284,21 +285,12 @@ async def _floor_session(clients: list[Any], i: int, workspace: Path) -> float:
         body = json.dumps({"model": "scripted", "messages": messages, "tools": tools, "stream": True}).encode()
         stream = await client.post("/chat/completions", content=body, cast_to=ChatCompletion, stream=True,
                                    stream_cls=openai.AsyncStream[object])
-        calls: dict[int, dict[str, str]] = {}
-        text = ""
+        reply, calls = ModelReply(), dict[int, dict[str, str]]()
         async for chunk in stream:
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                text += delta.get("content") or ""
-                for tc in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
-                    slot["id"] = tc.get("id") or slot["id"]
-                    function = tc.get("function") or {}
-                    slot["name"] += function.get("name") or ""
-                    slot["arguments"] += function.get("arguments") or ""
+            chunk_fold(reply, calls, chunk)
         if not calls:
             break
-        messages.append({"role": "assistant", "content": text or None, "tool_calls": [
+        messages.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for c in calls.values()]})
         for c in calls.values():
