@@ -194,8 +194,11 @@ def test_a_new_turn_reaches_the_model_after_one_database_call(
         thread.join(30)
     assert turn.status == "completed" and turn.output_text == f"first {token}"
     (request,) = _requests_of(scripted_model, token)
-    before = [name for at, name in calls if at <= request.received_at]
-    assert len(before) == 1, before
+    # The gateway's own housekeeping (the held-steps watch every 2 s, lease renewal) also runs on
+    # those threads, on its own clock: on a loaded machine it can fall before the call.
+    housekeeping = {"steps_still_held", "step_leases_renew"}
+    before = [name for at, name in calls if at <= request.received_at and name not in housekeeping]
+    assert before == ["_tick_and_load"], before
 
 
 def test_gateway_killed_with_20_calls_in_flight_each_is_reissued_once(
