@@ -10,8 +10,13 @@ parameter is a constant of the query). Later calls run that SQL with the new val
 model instances as Django's ``ModelIterable`` does (``from_db``, the ``select_related``
 populators, the field converters).
 
-PostgreSQL only, whose driver takes UUIDs, ints and strings as they are; on other databases, and
-for a value of another type (None, a bool, a list), the queryset is built and evaluated as usual.
+PostgreSQL only, whose driver takes UUIDs, ints and strings as they are, and non-empty lists of them
+for ``field__any=values`` (``AnyOf``: one array parameter, so the statement does not change with the
+number of values); on other databases, and for a value of another type (None, a bool, an empty
+list), the queryset is built and evaluated as usual.
+
+``all_together`` runs several prepared querysets in one round trip (psycopg's pipeline mode): what
+a live event batch shows is read at once, not in one wait on the server per table.
 """
 
 import random
@@ -20,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db.models import Field, ForeignObject, Lookup, Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
 from django.db.transaction import TransactionManagementError
 
@@ -29,7 +35,39 @@ M = TypeVar("M", bound=Model)
 SUPPORTED = (uuid.UUID, int, str)
 
 
+@Field.register_lookup
+class AnyOf(Lookup):
+    """``field__any=[a, b, …]``: the field equals one of the values. On PostgreSQL
+    ``field = ANY(%s)`` with the values as one array parameter: the same statement for any number
+    of values, so ``Prepared`` compiles it once and the server prepares it once. Elsewhere
+    ``IN (%s, …)``, as ``__in``."""
+
+    lookup_name = "any"
+    prepare_rhs = False
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        field = self.lhs.output_field
+        values = [field.get_db_prep_value(field.get_prep_value(v), connection, prepared=True) for v in self.rhs]
+        if connection.vendor == "postgresql":
+            return f"{lhs} = ANY(%s)", (*lhs_params, values)
+        if not values:
+            raise EmptyResultSet
+        return f"{lhs} IN ({', '.join(['%s'] * len(values))})", (*lhs_params, *values)
+
+
+ForeignObject.register_lookup(AnyOf)  # a foreign key's own lookups are its class's, not Field's
+
+
+def _supported(value: Any) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(_supported(v) and not isinstance(v, list) for v in value)
+    return isinstance(value, SUPPORTED) and not isinstance(value, bool)
+
+
 def _stand_in(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_stand_in(value[0])]
     if isinstance(value, uuid.UUID):
         return uuid.uuid4()
     if isinstance(value, int):
@@ -59,7 +97,19 @@ class Prepared(Generic[M]):
         self._compiled: dict[str, _Compiled] = {}
 
     def all(self, **values: Any) -> list[M]:
-        if not all(isinstance(v, SUPPORTED) and not isinstance(v, bool) for v in values.values()):
+        statement = self._statement(values)
+        if isinstance(statement, list):
+            return statement
+        compiled, connection, params = statement
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            rows = cursor.fetchall()
+        return self._instances(compiled, connection, rows)
+
+    def _statement(self, values: dict[str, Any]) -> "list[M] | tuple[_Compiled, Any, list[Any]]":
+        """What to run for these values (the compiled SQL, its connection and parameters), or,
+        where it cannot be prepared, the rows themselves, read as Django reads them."""
+        if not all(_supported(v) for v in values.values()):
             return list(self.build(**values))
         probe = None
         alias = next(iter(self._compiled), None)
@@ -72,11 +122,7 @@ class Prepared(Generic[M]):
         compiled = self._compiled.get(alias) or self._compile(alias, values)
         if compiled.for_update and not connection.in_atomic_block:
             raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
-        params = [values[x] if is_value else x for is_value, x in compiled.slots]
-        with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, params)
-            rows = cursor.fetchall()
-        return self._instances(compiled, connection, rows)
+        return compiled, connection, [values[x] if is_value else x for is_value, x in compiled.slots]
 
     def first(self, **values: Any) -> M | None:
         rows = self.all(**values)
@@ -143,3 +189,38 @@ class Prepared(Generic[M]):
                 setattr(obj, name, row[pos])
             out.append(obj)
         return out  # type: ignore[return-value]
+
+
+def all_together(*reads: tuple[Prepared[Any], dict[str, Any]]) -> list[list[Any]]:
+    """``[p.all(**values) for p, values in reads]``, in one round trip to PostgreSQL: the
+    statements go out together in psycopg's pipeline mode and their rows come back together.
+    A read that cannot be prepared (another database, values of another type) runs on its own."""
+    results: list[list[Any] | None] = [None] * len(reads)
+    pending: list[tuple[int, _Compiled, Any, list[Any]]] = []
+    for n, (prepared, values) in enumerate(reads):
+        statement = prepared._statement(values)
+        if isinstance(statement, list):
+            results[n] = statement
+        else:
+            pending.append((n, *statement))
+    if len(pending) == 1:
+        n, compiled, connection, params = pending[0]
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            results[n] = Prepared._instances(compiled, connection, cursor.fetchall())
+    elif pending:
+        connection = pending[0][2]
+        assert all(c is connection for _, _, c, _ in pending), "one database per call"
+        connection.ensure_connection()
+        cursors = [connection.cursor() for _ in pending]
+        try:
+            with connection.wrap_database_errors:
+                with connection.connection.pipeline():
+                    for cursor, (_, compiled, _, params) in zip(cursors, pending, strict=True):
+                        cursor.execute(compiled.sql, params)
+                for cursor, (n, compiled, _, _) in zip(cursors, pending, strict=True):
+                    results[n] = Prepared._instances(compiled, connection, cursor.fetchall())
+        finally:
+            for cursor in cursors:
+                cursor.close()
+    return [rows if rows is not None else [] for rows in results]

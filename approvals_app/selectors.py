@@ -24,8 +24,6 @@ from django.utils import timezone
 from agentops.domain import NotFound
 from agentops.teams import scope
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest, ApprovalVote, VoteDecision
-from sessions_app.models import Step
-from sessions_app.selectors import rows_by_id
 
 
 def approval_get(request_id: Any, *, user: Any) -> ApprovalRequest:
@@ -181,15 +179,6 @@ def latest_approval_by_step(step_ids: Iterable[Any]) -> dict[Any, ApprovalReques
         if known is None or (known.created_at, known.id) < (approval.created_at, approval.id):
             latest[approval.step_id] = approval
     return latest
-
-
-def steps_with_latest_approval(step_ids: Iterable[Any]) -> tuple[list[Step], dict[Any, ApprovalRequest]]:
-    """Steps by id and each one's latest approval request (``latest_approval_by_step``): one query
-    when none of them was ever asked about (each row says whether it was), two otherwise. What the
-    live step cards read per event batch, where most steps (model calls, read-only tools) have none."""
-    asked = f", EXISTS (SELECT 1 FROM {ApprovalRequest._meta.db_table} a WHERE a.step_id = t.id) AS asked"
-    steps = rows_by_id(Step, step_ids, also=asked)
-    return steps, latest_approval_by_step(s.id for s in steps if getattr(s, "asked", True))
 
 
 def approval_approved_for_step(step_id: uuid.UUID) -> ApprovalRequest | None:

@@ -17,7 +17,7 @@ from django.utils.html import escape
 
 from approvals_app import selectors as approval_selectors
 from sessions_app import hooks, presenters, selectors
-from sessions_app.models import Turn
+from sessions_app.models import Step, Turn
 
 STEP_PREFIXES = ("model.", "tool.", "approval.", "step.", "compaction.", "verification.")
 STREAMED = ("model.delta", "tool.progress")
@@ -33,6 +33,9 @@ QUEUE_UPSERTS = ("approval.requested", "approval.voted", "approval.claimed", "ap
 # Events after which the sidebar (usage bars, the input and cancel controls) shows something new.
 SIDEBAR_TYPES = re.compile(r"^(turn\.|tool\.(completed|failed|rejected|expired|cancelled)$|model\.completed$"
                            r"|budget\.|session\.(status_changed|compacted|compact_requested)$)")
+# Of those, the ones that change only the counters: they push the usage card alone (most of a
+# running turn's events: the whole sidebar, with its forms, was the dearest template of a step).
+USAGE_TYPES = re.compile(r"^(tool\.(completed|failed|rejected|expired|cancelled)|model\.completed)$")
 
 
 def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = "") -> str:
@@ -48,19 +51,23 @@ def render_event_fragment(event: dict[str, Any]) -> str:
 
 
 def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
-    """Fragments of many events with their rows fetched in bulk: at most five queries (steps, their
-    approvals, turns, queue items, the sidebar's sessions), none for deltas.
+    """Fragments of many events with their rows fetched in bulk: the steps, turns and sidebar
+    sessions in one round trip (``selectors.live_rows``), then, only when the batch has any, the
+    approvals of steps ever asked about and the queue items; none for deltas.
 
     The sidebar is rendered once per session per call, from the session row as it is now, and rides
     on that session's last event here that changes it: a batch of a hundred tool events costs one
-    sidebar, and the page never re-fetches it. A step's card likewise rides on its last event here
+    sidebar, and the page never re-fetches it. Where the batch's events change only the counters
+    (``USAGE_TYPES``), that is the usage card alone. A step's card likewise rides on its last event here
     (live.js applies a batch's fragments in seq order, and a resend's range is rendered as one call).
     """
     step_ids = {e["step_id"] for e in events if e.get("step_id") and _is_step_event(e)}
     turn_ids = {e["turn_id"] for e in events if e.get("turn_id") and e["type"] in TURN_TYPES}
     request_ids = {(e.get("payload") or {}).get("request_id") for e in events if e["type"] in QUEUE_UPSERTS}
-    steps = _step_views(step_ids)
-    turns = selectors.turns_by_id(turn_ids)
+    sidebar_at = {str(e["session_id"]): i for i, e in enumerate(events) if SIDEBAR_TYPES.match(e["type"])}
+    rows = selectors.live_rows(step_ids=step_ids, turn_ids=turn_ids, session_ids=sidebar_at)
+    steps = _step_views(rows.steps)
+    turns = rows.turns
     approvals = approval_selectors.approvals_by_request_id(r for r in request_ids if r)
     # A card shows its step as it is now, so only the step's last event here carries it (of those
     # sent to the same groups: an approval event also reaches the reviewers' queue): the engine
@@ -74,14 +81,19 @@ def render_event_fragments(events: list[dict[str, Any]]) -> list[str]:
         extra = hooks.EVENT_FRAGMENTS.get(e["type"])
         if extra is not None:  # the subagents' cards (fanout_app)
             htmls[i] += extra(e)
-    sidebar_at = {str(e["session_id"]): i for i, e in enumerate(events) if SIDEBAR_TYPES.match(e["type"])}
-    sessions = selectors.sessions_by_id(sidebar_at)
+    whole = {str(e["session_id"]) for e in events
+             if SIDEBAR_TYPES.match(e["type"]) and not USAGE_TYPES.match(e["type"])}
     for session_id, i in sidebar_at.items():
-        session = sessions.get(session_id)
-        if session is not None:
-            html = render_to_string("dashboard/_sidebar.html",
-                                    presenters.sidebar_context(session, can_operate=False, live=True))
-            htmls[i] += _op("replace", "#sidebar", html, seq=int(events[i]["seq"]))
+        session = rows.sessions.get(session_id)
+        if session is None:
+            continue
+        context = presenters.sidebar_context(session, can_operate=False, live=True)
+        if session_id in whole:
+            htmls[i] += _op("replace", "#sidebar", render_to_string("dashboard/_sidebar.html", context),
+                            seq=int(events[i]["seq"]))
+        else:
+            htmls[i] += _op("replace", "#usage", render_to_string("dashboard/_usage.html", context),
+                            seq=int(events[i]["seq"]))
     return htmls
 
 
@@ -95,9 +107,12 @@ def _is_step_event(event: dict[str, Any]) -> bool:
     return event["type"] not in STREAMED and (event["type"].startswith(STEP_PREFIXES) or event["type"] in STEP_TYPES)
 
 
-def _step_views(step_ids: set[Any]) -> dict[str, presenters.StepView]:
-    steps, approvals = approval_selectors.steps_with_latest_approval(step_ids)
-    return {str(v.step.id): v for v in presenters.step_views(steps, approvals=approvals)}
+def _step_views(steps: dict[str, Step]) -> dict[str, presenters.StepView]:
+    """Cards of these steps, each with its latest approval request: read only for the steps ever
+    asked about (most, model calls and read-only tools, never were)."""
+    asked = [s.id for s in steps.values() if getattr(s, "asked", True)]
+    approvals = approval_selectors.latest_approval_by_step(asked)
+    return dict(zip(steps, presenters.step_views(list(steps.values()), approvals=approvals), strict=True))
 
 
 def _render(event: dict[str, Any], *, steps: dict[str, presenters.StepView], turns: dict[str, Turn],

@@ -114,3 +114,62 @@ def test_api_token_lookup_is_compiled_once_and_refuses_what_the_orm_refused(
     assert fields(row) == fields(ApiToken.objects.get(token_sha256=token_sha256(tokens["live"])))
     assert fields(row.user) == fields(live)
     assert refused == [None, None, None]
+
+
+def test_any_of_a_list_is_one_statement_for_any_number_of_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pk__any=[…]`` matches as ``pk__in`` does; prepared, two lists of different lengths run the
+    same compiled statement (on PostgreSQL: one array parameter)."""
+    sessions = [factories.session(title=f"any{n}") for n in range(4)]
+    by_any = Prepared(lambda ids: AgentSession.objects.filter(pk__any=ids).order_by())
+    ids = [s.pk for s in sessions]
+    assert {s.pk for s in AgentSession.objects.filter(pk__any=ids[:2])} == set(ids[:2])  # the ORM, unprepared
+    assert list(AgentSession.objects.filter(pk__any=[])) == []
+    by_any.all(ids=[uuid.uuid4()])
+    compiled = count_compiles(monkeypatch)
+    assert {s.pk for s in by_any.all(ids=ids[:1])} == set(ids[:1])
+    got = by_any.all(ids=[*ids[1:], uuid.uuid4()])
+    if connection.vendor == "postgresql":
+        assert compiled == []
+    assert sorted((fields(s) for s in got), key=lambda f: f["title"]) == [
+        fields(s) for s in AgentSession.objects.filter(pk__in=ids[1:]).order_by("title")]
+    assert by_any.all(ids=[]) == []  # an empty list is not prepared: the ORM answers it
+    turn = factories.turn(sessions[0])
+    by_session = Prepared(lambda ids: Turn.objects.filter(session_id__any=ids))
+    assert [t.pk for t in by_session.all(ids=[sessions[0].pk, sessions[1].pk])] == [turn.pk]
+    assert [t.pk for t in Turn.objects.filter(session__any=[sessions[0].pk])] == [turn.pk]
+
+
+def test_reads_together_return_what_each_returns_alone(django_assert_num_queries: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``all_together``: several prepared reads in one round trip (psycopg's pipeline on
+    PostgreSQL), each answering as ``all()`` does, including one that cannot be prepared."""
+    from agentops.prepared import all_together
+
+    session = factories.session(title="together")
+    turn = factories.turn(session)
+    step = Step.objects.create(session=session, turn=turn, index=1, kind="tool", tool_name="list_files",
+                               arguments={"path": "é"}, result={"output": ["a", {"b": None}]})
+    sessions = Prepared(lambda ids: AgentSession.objects.filter(pk__any=ids).select_related("agent").order_by())
+    steps = Prepared(lambda turn_id: Step.objects.filter(turn_id=turn_id).order_by("index"))
+    titles = Prepared(lambda title: AgentSession.objects.filter(title=title))
+    alone: list[list[Any]] = [sessions.all(ids=[session.pk]), steps.all(turn_id=turn.pk), titles.all(title=None)]
+    pipelines: list[int] = []
+    if connection.vendor == "postgresql":  # the two prepared reads go out in one pipeline
+        connection.ensure_connection()
+        real = type(connection.connection).pipeline
+
+        def counted(self: Any) -> Any:
+            pipelines.append(1)
+            return real(self)
+
+        monkeypatch.setattr(type(connection.connection), "pipeline", counted)
+    with django_assert_num_queries(3):
+        got = all_together((sessions, {"ids": [session.pk]}), (steps, {"turn_id": turn.pk}),
+                           (titles, {"title": None}))
+    assert pipelines == ([1] if connection.vendor == "postgresql" else [])
+    assert [[fields(o) for o in rows] for rows in got] == [[fields(o) for o in rows] for rows in alone]
+    assert got[1][0].pk == step.pk and got[1][0].result == {"output": ["a", {"b": None}]}
+    assert "agent" in got[0][0]._state.fields_cache and got[2] == []
+    assert all_together() == []
+    with transaction.atomic():  # inside a transaction too
+        assert all_together((steps, {"turn_id": turn.pk}), (steps, {"turn_id": uuid.uuid4()}))[1] == []

@@ -365,6 +365,29 @@ def test_fragments_push_the_sidebar_once_per_session_on_its_last_event_that_chan
     assert "#sidebar" not in delta
 
 
+def test_events_that_change_only_the_counters_push_the_usage_card_alone(
+        operator: User, agent: AgentProfile, django_assert_num_queries: Any) -> None:
+    """A running turn's steps (a reply, a tool's result) change the usage bars, not the controls:
+    their batch carries the usage card (``#usage``), not the whole sidebar with its forms; a turn's
+    end in the same batch brings the whole sidebar back."""
+    session = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(session, steps=2)
+    session.refresh_from_db()
+    events = [e.as_dict() for e in Event.objects.filter(session=session).order_by("seq")]
+    steps_only = [e for e in events if e["type"] in ("model.completed", "tool.started", "tool.completed")]
+    with django_assert_num_queries(2):  # steps and the session in one round trip, as two statements
+        htmls = render_event_fragments(steps_only)
+    assert not any('data-target="#sidebar"' in html for html in htmls)
+    assert [i for i, html in enumerate(htmls) if 'data-target="#usage"' in html] == [len(steps_only) - 1]
+    usage = htmls[-1][htmls[-1].index('data-target="#usage"'):]
+    assert f'<section class="card" id="usage" data-seq="{session.last_seq}">' in usage
+    assert "Tool calls" in usage and "operate-only" not in usage and "<form" not in usage
+    with_end = render_event_fragments([*steps_only, next(e for e in events if e["type"] == "turn.completed")])
+    assert 'data-target="#sidebar"' in with_end[-1] and not any("#usage" in html for html in with_end)
+    page = login(operator).get(f"/sessions/{session.id}/").content.decode()
+    assert page.count('id="usage"') == 1 and page.index('id="sidebar"') < page.index('id="usage"')
+
+
 def test_sidebar_forms_posted_with_htmx_navigate_back_to_the_page(operator: User, agent: AgentProfile) -> None:
     session = factories.session(agent=agent, owner=operator)
     response = login(operator).post(f"/sessions/{session.id}/turns/", {"input": "next"},
