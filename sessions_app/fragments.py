@@ -10,9 +10,10 @@ render, built from the same view models (``presenters``).
 """
 
 import re
+import uuid
 from typing import Any
 
-from django.template.loader import render_to_string
+from django.template.loader import get_template, render_to_string
 from django.utils.html import escape
 
 from approvals_app import selectors as approval_selectors
@@ -43,6 +44,23 @@ def _op(op: str, target: str, content: str = "", *, seq: int = 0, dom_id: str = 
     if dom_id:
         attrs += f' data-id="{escape(dom_id)}"'
     return f"<template {attrs}>{content}</template>"
+
+
+TEMPLATES = ("_step.html", "_turn.html", "_turn_head.html", "_turn_foot.html", "_sidebar.html", "_usage.html",
+             "_progress.html", "_session_status.html", "_artifact.html", "_notice.html", "_session_note.html",
+             "_queue_item.html", "_review_card.html", "_decided_notice.html")
+
+
+def warm_up(recent: int = 40) -> None:
+    """Do before the first live event what its rendering would do first: compile the fragments'
+    templates (and load their tags), fill the URL resolver, compile the batch reads, and render
+    the ``recent`` newest stored events (their fragments are thrown away). An announcer that
+    started cold took hundreds of milliseconds over its first batch: the load proof's first
+    deliveries were its slowest."""
+    for name in TEMPLATES:
+        get_template(f"dashboard/{name}")
+    selectors.live_rows(step_ids=[uuid.uuid4()], turn_ids=[uuid.uuid4()], session_ids=[uuid.uuid4()])
+    render_event_fragments(selectors.newest_events(recent))
 
 
 def render_event_fragment(event: dict[str, Any]) -> str:

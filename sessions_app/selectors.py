@@ -89,6 +89,12 @@ _LIVE_TURNS = Prepared(lambda ids: Turn.objects.filter(pk__any=ids).select_relat
 _LIVE_SESSIONS = Prepared(lambda ids: AgentSession.objects.filter(pk__any=ids).order_by())
 
 
+def newest_events(limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` newest stored events of any session, as announced (``Event.as_dict``),
+    oldest first (the announcer warms up on them)."""
+    return [e.as_dict() for e in reversed(Event.objects.order_by("-id")[:limit])]
+
+
 def live_rows(*, step_ids: Iterable[Any] = (), turn_ids: Iterable[Any] = (),
               session_ids: Iterable[Any] = ()) -> LiveRows:
     """The rows behind an event batch's fragments, in one round trip to the database whatever

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -442,3 +443,38 @@ def test_a_steps_card_rides_on_its_last_event_of_a_batch(operator: User, agent: 
     for event in events:
         if event["type"] in ("tool.started", "model.started"):
             assert f'data-id="step-{event["step_id"]}"' in render_event_fragment(event)
+
+
+def test_a_warmed_up_renderer_compiles_nothing_on_its_first_batch(
+        operator: User, agent: AgentProfile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fragments.warm_up`` (the announcer runs it at start): afterwards the first batch of a new
+    session's events compiles no template and builds no SQL; without it, that batch did both."""
+    from django.db.models.sql.compiler import SQLCompiler
+    from django.template.base import Template
+
+    from sessions_app import fragments
+
+    add_turn_with_steps(factories.session(agent=agent, owner=operator), steps=1)  # what it warms up on
+    fragments.warm_up()
+    session = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(session, steps=2)
+    events = [e.as_dict() for e in Event.objects.filter(session=session).order_by("seq")]
+    compiled: list[str] = []
+    real_init, real_as_sql = Template.__init__, SQLCompiler.as_sql
+
+    def template_init(self: Template, *args: Any, **kwargs: Any) -> None:
+        compiled.append(f"template {kwargs.get('name') or args[1:2]}")
+        real_init(self, *args, **kwargs)
+
+    def as_sql(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(f"sql {self.query.model.__name__ if self.query.model else '?'}")
+        return real_as_sql(self, *args, **kwargs)
+
+    monkeypatch.setattr(Template, "__init__", template_init)
+    monkeypatch.setattr(SQLCompiler, "as_sql", as_sql)
+    htmls = fragments.render_event_fragments(events)
+    assert any('data-target="#sidebar"' in html for html in htmls) and any("exit 0" in html for html in htmls)
+    if connection.vendor == "postgresql":  # elsewhere the batch reads are built by the ORM each time
+        assert compiled == []
+    else:
+        assert not [c for c in compiled if c.startswith("template")]

@@ -1,5 +1,6 @@
 """`python manage.py announcer [--shard K]`: a process that renders and sends relayed live events."""
 
+import logging
 import signal
 import threading
 from typing import Any
@@ -7,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentops.runtime import tune_gc
+from sessions_app import fragments
 from sessions_app.announce import relay_shards
 from sessions_app.relay import relay_run
 
@@ -28,5 +30,9 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop.set())
         self.stdout.write(f"announcer relaying live events (shard {shard} of {shards})")
         self.stdout.flush()
+        try:
+            fragments.warm_up()
+        except Exception:  # a database not there yet: the first batch compiles what it needs
+            logging.getLogger(__name__).warning("announcer: warming up failed", exc_info=True)
         tune_gc()
         relay_run(stop, shard)
