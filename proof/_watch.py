@@ -32,6 +32,7 @@ class Client:
         self.split: list[tuple[float, float]] = []  # (created → announced, announced → received) ms
         # created → committed → picked by the announcer → listeners checked → rendered → sent → received, ms
         self.stages: list[list[float]] = []
+        self.tail_marks: list[tuple[float, str]] = []  # (received at, event type) of each row of stages
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -69,6 +70,7 @@ class Client:
                 if stages and len(stages) == 4:  # the server's AGENTOPS_PUSH_TIMINGS
                     marks = [created, *stages, announced_at, received]
                     self.stages.append([(b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)])
+                    self.tail_marks.append((received, str(event.get("type", ""))))
         return ask
 
     async def run_ws(self, http: aiohttp.ClientSession, base: str) -> None:
@@ -202,7 +204,8 @@ async def main() -> None:
                            "reconnects": c.reconnects, "errors": sorted(set(c.errors))[:3]} for c in clients],
               "latencies_ms": [x for c in clients for x in c.latencies],
               "split_ms": [x for c in clients for x in c.split],
-              "stages_ms": [x for c in clients for x in c.stages]}
+              "stages_ms": [x for c in clients for x in c.stages],
+              "tail_marks": [x for c in clients for x in c.tail_marks]}
     print(json.dumps(report), flush=True)
 
 

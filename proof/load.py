@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -233,6 +234,7 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     if committed:
         print(f"  WebSocket commit → received: p50 {percentile(committed, 50):.1f} ms, p99 "
               f"{percentile(committed, 99):.1f} ms, max {max(committed):.1f} ms ({len(committed)} deliveries)")
+        _print_tail(committed, reports[0].get("tail_marks", []))
     measured = committed or every
     p99 = percentile(measured, 99)
     print(f"  events written {window} in {ended_at - started_at:.0f} s ({rate:.0f}/s); clients {len(clients)}; "
@@ -249,6 +251,25 @@ def _push_part(stack: Stack, tokens: dict[str, str], seconds: float, result: Res
     result.check("0 events lost after replay", f"{lost} across {len(clients)} clients", lost == 0 and bool(clients))
     duplicates = sum(c["duplicates"] for c in clients)
     result.check("0 duplicate deliveries", f"{duplicates} across {len(clients)} clients", duplicates == 0)
+
+
+def _print_tail(committed: list[float], marks: list[list[Any]]) -> None:
+    """Where the slowest 1 % of deliveries fell: by 5-s window from the first delivery, and by event
+    type (bursts, such as all turns starting or being cancelled at once, set the p99)."""
+    if len(marks) != len(committed) or not committed:
+        return
+    start = min(at for at, _ in marks)
+    cut = percentile(committed, 99)
+    slow = [(at, kind) for (at, kind), ms in zip(marks, committed, strict=True) if ms >= cut]
+    windows: dict[int, int] = {}
+    for at, _ in slow:
+        windows[int((at - start) // 5)] = windows.get(int((at - start) // 5), 0) + 1
+    kinds: dict[str, int] = {}
+    for _, kind in slow:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    print(f"  the slowest 1 % ({len(slow)} deliveries ≥ {cut:.1f} ms) by 5-s window from the first delivery: "
+          + ", ".join(f"{5 * w}-{5 * w + 5} s {n}" for w, n in sorted(windows.items()))
+          + "; by type: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
 
 
 def run(full: bool = False) -> Result:
