@@ -54,6 +54,23 @@ def test_pages_and_overview_counts_are_scoped() -> None:
     assert overview.context["ov"].counts["idle"] == 1  # two idle sessions exist, one is ours
 
 
+def test_the_owner_filter_lists_the_owners_of_the_users_teams_sessions_only() -> None:
+    """The session list's owner choices: everyone owning a session of the user's teams, by name,
+    each once; not an owner whose sessions are all in another team; every owner for a superuser."""
+    from sessions_app.selectors import session_owners
+
+    ours, theirs, op = _two_teams()
+    zed = factories.user("zed", groups=["operators"], teams=["a"])
+    factories.session(agent=ours.agent, owner=zed)
+    factories.session(agent=ours.agent, owner=zed)
+    names = [u.username for u in session_owners(user=op)]
+    assert names == sorted([ours.owner.username, "zed"]) and theirs.owner.username not in names
+    admin = factories.user("root", is_superuser=True, teams=[])
+    assert [u.username for u in session_owners(user=admin)] == sorted(
+        [ours.owner.username, theirs.owner.username, "zed"])
+    assert session_owners(user=factories.user(groups=["operators"], teams=[])) == []
+
+
 def test_approvals_of_other_teams_are_invisible_to_reviewers() -> None:
     tool_definitions_seed()
     _ours, theirs, _op = _two_teams()
