@@ -68,6 +68,23 @@ async def ws_communicator(path: str, user: User | None) -> WebsocketCommunicator
     return WebsocketCommunicator(application, path, headers=headers)
 
 
+def layer_receive(layer: Any, channel: str) -> dict[str, Any]:
+    """``layer.receive(channel)`` from sync code, on an event loop of its own that lives until the
+    layer has removed the backup copies of what it took (``agentops.channel_layer``: a task of that
+    loop). ``async_to_sync(layer.receive)`` cancelled that task as its loop closed, and the next
+    receive got the same message again."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    async def receive() -> dict[str, Any]:
+        message: dict[str, Any] = await layer.receive(channel)
+        await asyncio.gather(*getattr(layer, "receive_cleaners", []))
+        return message
+
+    return async_to_sync(receive)()
+
+
 def script(*lines: str) -> str:
     """A script for the scripted model: one response per line (see scripted_model's docstring)."""
     return "\n".join(lines)

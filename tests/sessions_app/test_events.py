@@ -13,6 +13,7 @@ from sessions_app.events import event_record
 from sessions_app.models import Event
 from tests import factories
 from tests.concurrency import run_together
+from tests.helpers import layer_receive
 
 
 def _seqs(session_id: uuid.UUID) -> list[int]:
@@ -121,11 +122,11 @@ def test_an_announcement_sends_one_message_per_listened_group_and_renders_for_no
         async_to_sync(layer.group_add)(announce.session_group(session_id), channel)
     try:
         assert announce._send(events, only_listened=True) is True
-        batch = async_to_sync(layer.receive)(channels[watched])
+        batch = layer_receive(layer, channels[watched])
         assert batch["type"] == "event.batch"
         assert [(i["event"]["payload"]["n"], i["html"]) for i in announce.unbatch(batch)] == [
             (0, "<p>0</p>"), (2, "<p>2</p>"), (4, "<p>4</p>")]
-        one = async_to_sync(layer.receive)(channels[single])
+        one = layer_receive(layer, channels[single])
         assert (one["type"], one["event"]["payload"], announce.unbatch(one)) == ("event.message", {"n": 3}, [one])
         assert rendered == [0, 2, 3, 4]  # the unwatched session's event: neither rendered nor sent
         assert all(isinstance(i["announced_at"], float) for i in [*announce.unbatch(batch), one])
@@ -301,9 +302,9 @@ def test_a_session_found_unwatched_is_checked_again_so_a_new_client_misses_nothi
     async_to_sync(layer.group_add)(group, channel)
     try:
         assert announce._send([{**event, "seq": 2}], only_listened=True) is True
-        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 2
+        assert layer_receive(layer, channel)["event"]["seq"] == 2
         assert group in announce._listened_until  # watched: not asked again for a while
         assert announce._send([{**event, "seq": 3}], only_listened=True) is True
-        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 3
+        assert layer_receive(layer, channel)["event"]["seq"] == 3
     finally:
         async_to_sync(layer.group_discard)(group, channel)
