@@ -1,3 +1,5 @@
+import asyncio
+import logging
 import os
 from typing import Any
 
@@ -32,4 +34,29 @@ application = ProtocolTypeRouter({
     "http": BodyLimitASGI(RequestGateASGI(django_http)),
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
+
+
+def _warm_up() -> None:
+    """Compile what the first WebSockets' backlogs render (the fragments' templates, the URL
+    resolver, the batch reads) before the first client, as the announcer does: in a cold web
+    process the first 200 watchers' backlogs spent a sixth of their rendering compiling templates
+    and filling the resolver, while the sessions they watched were being created."""
+    from django.db import connections
+
+    from sessions_app import fragments
+
+    try:
+        asyncio.get_running_loop()
+        return  # imported by async code (a test's communicator), where the ORM may not run
+    except RuntimeError:
+        pass  # imported by a server before its loop runs
+    try:
+        fragments.warm_up()
+    except Exception:  # a database not there yet: the first backlog compiles what it needs
+        logging.getLogger(__name__).warning("web: warming up failed", exc_info=True)
+    finally:
+        connections.close_all()  # the loop's thread never uses it
+
+
+_warm_up()
 tune_gc()  # the application is built: what daphne keeps for its lifetime is in memory

@@ -6,9 +6,20 @@ and every consumer's database call share one thread, so under load each WebSocke
 backlog and gap read waits behind every HTTP request the process serves (measured: connects
 beyond daphne's 5 s accept window, the client reset). These reads run in worker threads instead;
 each hands its connection back when done (to the pool on PostgreSQL).
+
+The worker threads take the reads of connections already open (a WebSocket's backlog and gaps,
+an SSE stream's pages: ``serving=True``) before those of connections still being opened (the
+login, the permission checks) and the periodic re-checks. With one first-come queue, 200
+WebSockets opened at once while sessions were being created made a client that had just sent its
+hello wait behind the other clients' logins: its first live events arrived 1-2 s late, the tail
+of the push latency (``bench/concurrency.py``, issue 10).
 """
 
+import os
+import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -34,8 +45,79 @@ def _connection_lost() -> bool:
     return raw is None or bool(getattr(raw, "closed", True))
 
 
-def database_read(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """``fn`` (which reads the database) as a coroutine function run in a worker thread. A read
+_Work = tuple[Future[Any], Callable[[], Any]]
+
+
+class Lanes:
+    """Worker threads (at most ``size``, started as work comes) shared by two lanes. A free thread
+    takes the oldest work of lane 0, else the oldest of lane 1 while fewer than ``second_lane``
+    threads run lane 1's: work of lane 1 can never hold every thread, nor the GIL from many threads
+    at once. ``lane(n)`` is an ``Executor`` for ``loop.run_in_executor`` / asgiref."""
+
+    def __init__(self, size: int, second_lane: int, name: str) -> None:
+        self.size, self.name = max(1, size), name
+        self._caps = (self.size, max(1, min(second_lane, self.size)))
+        self._queues: tuple[deque[_Work], deque[_Work]] = (deque(), deque())
+        self._running = [0, 0]
+        self._cond = threading.Condition()
+        self._threads = self._idle = 0
+
+    def lane(self, n: int) -> Executor:
+        return _Lane(self, n)
+
+    def submit(self, lane: int, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._cond:
+            self._queues[lane].append((future, call))
+            if self._idle:
+                self._cond.notify()
+            elif self._threads < self.size:
+                self._threads += 1
+                threading.Thread(target=self._worker, name=f"{self.name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _take(self) -> tuple[int, _Work] | None:
+        for lane, (waiting, cap) in enumerate(zip(self._queues, self._caps, strict=True)):
+            if waiting and self._running[lane] < cap:
+                self._running[lane] += 1
+                return lane, waiting.popleft()
+        return None
+
+    def _worker(self) -> None:
+        done: int | None = None
+        while True:
+            with self._cond:
+                if done is not None:
+                    self._running[done] -= 1
+                while (taken := self._take()) is None:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+            done, (future, call) = taken
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # the caller's to handle, as in ThreadPoolExecutor
+                    future.set_exception(exc)
+            del future, call, taken
+
+
+class _Lane(Executor):
+    def __init__(self, lanes: Lanes, n: int) -> None:
+        self.lanes, self.n = lanes, n
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        return self.lanes.submit(self.n, lambda: fn(*args, **kwargs))
+
+
+READS = Lanes(int(os.environ.get("AGENTOPS_READ_THREADS", "0")) or min(32, (os.cpu_count() or 1) + 4),
+              int(os.environ.get("AGENTOPS_ADMIT_THREADS", "2")), "db-read")
+SERVING, ADMITTING = READS.lane(0), READS.lane(1)
+
+
+def database_read(fn: Callable[P, R], *, serving: bool = False) -> Callable[P, Awaitable[R]]:
+    """``fn`` (which reads the database) as a coroutine function run in a worker thread
+    (``serving``: for a connection already open, ahead of the others). A read
     that meets a connection the server closed runs again on another: after a PostgreSQL restart
     or a cut, the pool still hands out its dead idle connections one by one (measured: a stream's
     re-read right after a cut died with "terminating connection due to administrator command")."""
@@ -54,7 +136,9 @@ def database_read(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
         finally:
             close_old_connections()
 
-    return sync_to_async(run, thread_sensitive=False)
+    # asgiref annotates ThreadPoolExecutor; it hands the executor to loop.run_in_executor, any Executor.
+    return sync_to_async(run, thread_sensitive=False,  # type: ignore[call-overload]
+                         executor=SERVING if serving else ADMITTING)
 
 
 _get_user = database_read(get_user.func)  # channels' own lookup, without its thread-sensitive wrapper

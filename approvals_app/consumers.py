@@ -97,8 +97,9 @@ class ApprovalsConsumer(JsonConsumer):
         since = _since(content.get("since"))
         position: Position | None = None
         self.backlog_sent = set()
+        read = database_read(load_approval_events, serving=True)
         while True:  # page by page until caught up: a reviewer back after a long absence misses nothing
-            messages, position = await database_read(load_approval_events)(self.scope["user"], since, position)
+            messages, position = await read(self.scope["user"], since, position)
             for message in messages:
                 self.backlog_sent.add((message["event"]["session_id"], message["event"]["seq"]))
                 await self.send_json(message)

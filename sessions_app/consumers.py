@@ -67,7 +67,7 @@ class SessionConsumer(JsonConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def _read(self, after: int, until: int | None, limit: int) -> list[Message]:
-        messages: list[Message] = await database_read(load_messages)(self.session_id, after, until, limit)
+        messages: list[Message] = await database_read(load_messages, serving=True)(self.session_id, after, until, limit)
         return messages
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

@@ -27,10 +27,25 @@ def _parser() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
 
 
+MEMO_CHARS = 20_000  # answers up to this long are remembered (MEMO_ENTRIES of them, the latest used)
+MEMO_ENTRIES = 256
+
+
 def markdown_html(text: str) -> str:
-    """Safe HTML of a Markdown text (an empty string for none)."""
+    """Safe HTML of a Markdown text (an empty string for none). The same answer is shown again and
+    again: its step's card on each of the step's events, every page view, every WebSocket's backlog
+    (an eighth of a backlog's rendering was this), so the HTML of the recent short ones is kept."""
     if not text or len(text) > MAX_CHARS:
         return ""
+    return _remembered(text) if len(text) <= MEMO_CHARS else _render(text)
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _remembered(text: str) -> str:
+    return _render(text)
+
+
+def _render(text: str) -> str:
     html = _parser().render(text)
     return nh3.clean(html, tags=set(ALLOWED_TAGS), attributes={k: set(v) for k, v in ALLOWED_ATTRIBUTES.items()},
                      url_schemes=set(URL_SCHEMES), link_rel="noopener noreferrer nofollow",

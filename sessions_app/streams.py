@@ -92,7 +92,7 @@ def stored_events(session_id: UUID | str) -> Reader:
         return [{"event": e.as_dict()}
                 for e in selectors.events_after(session_id=session_id, after=after, until=until, limit=limit)]
 
-    return database_read(load)
+    return database_read(load, serving=True)
 
 
 def control_frame(name: str, data: dict[str, Any]) -> str:

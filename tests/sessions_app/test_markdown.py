@@ -58,3 +58,17 @@ def test_timeline_renders_the_final_answer_as_markdown_with_the_raw_text(operato
     assert "<script>alert" not in body and "<img" not in rendered[0]
     raw = re.search(r'<pre class="mono answer-raw">(.*?)</pre>', body, re.S)
     assert raw is not None and "The build is **green**" in raw.group(1) and "&lt;script&gt;" in raw.group(1)
+
+
+def test_the_html_of_a_recent_answer_is_kept_and_a_long_one_is_not() -> None:
+    from sessions_app import markdown
+
+    text = "A **kept** answer, unique to this test: 7f3a."
+    first = markdown_html(text)
+    hits = markdown._remembered.cache_info().hits
+    assert markdown_html(text) == first == "<p>A <strong>kept</strong> answer, unique to this test: 7f3a.</p>\n"
+    assert markdown._remembered.cache_info().hits == hits + 1
+    long = "x" * (markdown.MEMO_CHARS + 1)
+    misses = markdown._remembered.cache_info().misses
+    assert markdown_html(long) == markdown_html(long) == f"<p>{long}</p>\n"
+    assert markdown._remembered.cache_info().misses == misses

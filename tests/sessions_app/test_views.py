@@ -478,3 +478,24 @@ def test_a_warmed_up_renderer_compiles_nothing_on_its_first_batch(
         assert compiled == []
     else:
         assert not [c for c in compiled if c.startswith("template")]
+
+
+def test_a_web_process_warms_up_when_imported_by_its_server_not_inside_a_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentops.asgi`` warms the fragments up as daphne imports it (before its loop runs); imported
+    by async code (a test's communicator) it leaves the ORM alone."""
+    import asyncio
+
+    from agentops import asgi
+    from sessions_app import fragments
+
+    calls: list[str] = []
+    monkeypatch.setattr(fragments, "warm_up", lambda: calls.append("warm"))
+    asgi._warm_up()
+    assert calls == ["warm"]
+
+    async def imported_in_a_loop() -> None:
+        asgi._warm_up()
+
+    asyncio.run(imported_in_a_loop())
+    assert calls == ["warm"]
