@@ -10,10 +10,12 @@ import logging
 from typing import Any
 
 from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from agentops import errors
 from agentops.auth import api_auth
 from agentops.domain import DomainError
 from agentops.parser import StrictJSONParser
@@ -29,8 +31,9 @@ class ErrorOut(Out):
     details: dict[str, Any]
 
 
-# The error responses every operation may give, for the OpenAPI schema.
-ERRORS: dict[int, type[ErrorOut]] = dict.fromkeys((400, 401, 403, 404, 409, 413, 422, 429), ErrorOut)
+# The error responses every operation may give, for the OpenAPI schema (503: the database did not
+# answer, agentops.errors).
+ERRORS: dict[int, type[ErrorOut]] = dict.fromkeys((400, 401, 403, 404, 409, 413, 422, 429, 503), ErrorOut)
 
 # Codes of ninja's own HttpErrors, by status.
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "permission_denied", 404: "not_found",
@@ -78,6 +81,12 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 @api.exception_handler(Http404)
 def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
     return error_response(request, 404, "not_found", str(exc) or "Not found.")
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def on_database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    return errors.database_unavailable_response(request, exc)
 
 
 @api.exception_handler(Exception)

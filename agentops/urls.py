@@ -19,6 +19,9 @@ from sessions_app import views as session_views
 from sessions_app.api import router as sessions_router
 from vault_app.api import router as vault_router
 
+# A server error: 503 when the database did not answer, the API's JSON shape under /api/ and /openai/.
+handler500 = "agentops.errors.server_error"
+
 api.add_router("", fanout_router)  # before sessions: /sessions/batch is not a session id
 api.add_router("", sessions_router)
 api.add_router("", approvals_router)

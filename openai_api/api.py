@@ -16,12 +16,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.signals import got_request_exception
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from agentops import streamaccess
+from agentops import errors, streamaccess
 from agentops.asyncdb import database_read
 from agentops.auth import BearerTokenAuth
 from agentops.domain import Conflict, DomainError, NotFound
@@ -101,6 +101,12 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return error_response(exc.status_code, "invalid_request_error", str(exc.message))
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def on_database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    return errors.database_unavailable_response(request, exc)
 
 
 @api.exception_handler(Exception)
