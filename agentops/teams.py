@@ -21,17 +21,23 @@ OPERATE_ROLES = (TeamRole.OPERATOR, TeamRole.BOTH)
 REVIEW_ROLES = (TeamRole.REVIEWER, TeamRole.BOTH)
 
 
-def _active(user: Any) -> bool:
+def is_active(user: Any) -> bool:
     return user is not None and bool(getattr(user, "is_authenticated", False)) and bool(user.is_active)
 
 
 def teams_of(user: Any, *, roles: tuple[str, ...] | None = None) -> QuerySet[Team] | None:
     """The user's teams as a lazy queryset of ids (for ``team_id__in``); None means every team."""
-    if _active(user) and user.is_superuser:
+    if is_active(user) and user.is_superuser:
         return None
-    if not _active(user):
+    if not is_active(user):
         return TeamMembership.objects.none().values("team_id")  # type: ignore[return-value]
-    memberships = TeamMembership.objects.filter(user_id=user.pk)
+    return member_teams(user.pk, roles=roles)
+
+
+def member_teams(user_id: int, *, roles: tuple[str, ...] | None = None) -> QuerySet[Team]:
+    """The teams where the user of ``user_id`` is a member (with one of ``roles``), as a lazy
+    queryset of ids: ``teams_of`` for an active user who is not a superuser."""
+    memberships = TeamMembership.objects.filter(user_id=user_id)
     if roles is not None:
         memberships = memberships.filter(role__in=roles)
     return memberships.values("team_id")  # type: ignore[return-value]
@@ -40,7 +46,7 @@ def teams_of(user: Any, *, roles: tuple[str, ...] | None = None) -> QuerySet[Tea
 def scope(qs: QuerySet[Any], user: Any, *, field: str = "team_id", roles: tuple[str, ...] | None = None
           ) -> QuerySet[Any]:
     """``qs`` restricted to the rows of the user's teams (one subquery, no extra round trip)."""
-    if not _active(user):
+    if not is_active(user):
         return qs.none()
     teams = teams_of(user, roles=roles)
     return qs if teams is None else qs.filter(**{f"{field}__in": teams})
@@ -53,7 +59,7 @@ def team_ids(user: Any) -> list[int] | None:
 
 
 def has_team_role(user: Any, team_id: int, roles: tuple[str, ...]) -> bool:
-    if not _active(user):
+    if not is_active(user):
         return False
     if user.is_superuser:
         return True

@@ -20,7 +20,7 @@ from django.db.models import Count, Exists, Model, OuterRef, Q, QuerySet, Subque
 from agentops.domain import InvalidArguments, NotFound
 from agentops.models import Team
 from agentops.prepared import Prepared, all_together
-from agentops.teams import OPERATE_ROLES, require_team_role, scope
+from agentops.teams import OPERATE_ROLES, is_active, member_teams, require_team_role, scope
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
 M = TypeVar("M", bound=Model)
@@ -199,12 +199,21 @@ def sessions_recent(*, user: Any, limit: int = 8) -> list[AgentSession]:
 
 # --- agents --------------------------------------------------------------------------------
 
+# Every session start asks it (an API client fanning out hundreds of sessions at once): compiled
+# once (agentops/prepared.py), ``scope(…, roles=OPERATE_ROLES)`` for a member who is no superuser.
+_AGENT_OF_OPERATOR = Prepared(lambda slug, user_id: AgentProfile.objects.filter(
+    slug=slug, team_id__in=member_teams(user_id, roles=OPERATE_ROLES)).order_by("pk")[:2])
+
+
 def agent_get(slug: str, *, user: Any) -> AgentProfile:
     """An agent of a team where the user operates (the one who starts sessions with it)."""
-    try:
-        return scope(AgentProfile.objects.all(), user, roles=OPERATE_ROLES).get(slug=slug)
-    except AgentProfile.DoesNotExist as exc:
-        raise NotFound(f"No agent {slug!r}", details={"field": "agent"}) from exc
+    if is_active(user) and not user.is_superuser:
+        rows = _AGENT_OF_OPERATOR.all(slug=slug, user_id=user.pk)
+    else:
+        rows = list(scope(AgentProfile.objects.all(), user, roles=OPERATE_ROLES).filter(slug=slug)[:2])
+    if len(rows) != 1:  # the slug is unique: never two
+        raise NotFound(f"No agent {slug!r}", details={"field": "agent"})
+    return rows[0]
 
 
 def agents_enabled(*, user: Any) -> QuerySet[AgentProfile]:

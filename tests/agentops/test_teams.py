@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
+from agentops.domain import NotFound
 from agentops.models import TeamMembership
 from approvals_app import services as approval_services
 from sessions_app.models import AgentSession
@@ -107,6 +108,26 @@ def test_an_agent_of_another_team_cannot_start_a_session() -> None:
                                    content_type="application/json")
     assert response.status_code == 404
     assert AgentSession.objects.filter(agent=theirs.agent).count() == 1
+
+
+def test_the_agent_a_session_starts_with_is_found_as_the_team_scope_says() -> None:
+    """``agent_get`` (a query compiled once for members) agrees with the scope it writes out:
+    an operator of the agent's team finds it, twice (the second time through the compiled SQL);
+    a reviewer of that team, an operator of another team, an inactive user and an unknown slug
+    do not; a superuser does."""
+    from sessions_app.selectors import agent_get
+
+    ours, theirs, op = _two_teams()
+    assert agent_get(ours.agent.slug, user=op) == ours.agent
+    assert agent_get(ours.agent.slug, user=op) == ours.agent
+    reviewer = factories.user(groups=["operators", "reviewers"], teams=["a"], role="reviewer")
+    inactive = factories.user(groups=["operators"], teams=["a"], is_active=False)
+    refused = [(theirs.agent.slug, op), (ours.agent.slug, reviewer), (ours.agent.slug, inactive), ("ghost", op)]
+    for slug, user in refused:
+        with pytest.raises(NotFound):
+            agent_get(slug, user=user)
+    admin = factories.user(groups=["admins"], teams=[], is_superuser=True, is_staff=True)
+    assert agent_get(theirs.agent.slug, user=admin) == theirs.agent
 
 
 def test_admins_see_every_team() -> None:
