@@ -3,6 +3,8 @@ changed, and the next request answers (agentops.errors). The cut is real: Postgr
 this process's backends, as the chaos proof's ``pg_terminate_backend`` does to every process."""
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 import psycopg
@@ -41,21 +43,40 @@ def cut_this_process_connections() -> int:
     return int(killed[0])
 
 
+def _api_error(response: Any) -> bool:
+    body = json.loads(response.content)
+    return body["code"] == "database_unavailable" and body["details"] == {} and "Retry shortly" in body["message"]
+
+
+def _wire_error(response: Any) -> bool:  # the openai SDK retries a 503 (server_error), after Retry-After
+    error = json.loads(response.content)["error"]
+    return error["code"] == "database_unavailable" and error["type"] == "server_error"
+
+
+def _page(response: Any) -> bool:
+    return b"The database is not answering" in response.content
+
+
 @on_postgres
 @pytest.mark.django_db(transaction=True)
-def test_api_read_answers_503_then_recovers() -> None:
-    client = api_client(factories.user(groups=["operators"]))
-    assert client.get("/api/sessions").status_code == 200
+@pytest.mark.parametrize(("path", "by", "shaped"), [
+    ("/api/sessions", "token", _api_error),  # a query in the view: the API's handler
+    ("/openai/v1/agents", "token", _wire_error),
+    ("/sessions/", "login", _page),  # the session's user read in the view: handler500
+])
+def test_a_read_answers_503_in_its_shape_then_recovers(path: str, by: str,
+                                                        shaped: Callable[[Any], bool]) -> None:
+    user = factories.user(groups=["operators"])
+    client = quiet(api_client(user) if by == "token" else login(user))
+    assert client.get(path).status_code == 200
 
     cut_this_process_connections()
-    response = client.get("/api/sessions")
+    response = client.get(path)
 
-    assert response.status_code == 503
+    assert response.status_code == 503, response.content
     assert response["Retry-After"] == "1"
-    body = response.json()
-    assert body["code"] == "database_unavailable" and body["details"] == {}
-    assert "Retry shortly" in body["message"]
-    assert client.get("/api/sessions").status_code == 200  # the pool dropped the broken connection
+    assert shaped(response)
+    assert client.get(path).status_code == 200  # the broken connections were dropped: the retry is served
 
 
 @on_postgres
@@ -79,36 +100,6 @@ def test_api_create_with_a_key_changes_nothing_and_the_key_stays_usable() -> Non
                           headers={"Idempotency-Key": "cut-1"})
     assert created.status_code == 201, created.content
     assert AgentSession.objects.count() == 1
-
-
-@on_postgres
-@pytest.mark.django_db(transaction=True)
-def test_openai_wire_answers_503_in_its_envelope() -> None:
-    client = api_client(factories.user(groups=["operators"]))
-    assert client.get("/openai/v1/agents").status_code == 200
-
-    cut_this_process_connections()
-    response = client.get("/openai/v1/agents")
-
-    assert response.status_code == 503
-    assert response["Retry-After"] == "1"
-    assert response.json()["error"]["code"] == "database_unavailable"
-    assert response.json()["error"]["type"] == "server_error"  # the openai SDK retries a 503, after Retry-After
-
-
-@on_postgres
-@pytest.mark.django_db(transaction=True)
-def test_dashboard_page_answers_503_page() -> None:
-    client = quiet(login(factories.user(groups=["operators"])))
-    assert client.get("/sessions/").status_code == 200
-
-    cut_this_process_connections()
-    response = client.get("/sessions/")
-
-    assert response.status_code == 503
-    assert response["Retry-After"] == "1"
-    assert b"The database is not answering" in response.content
-    assert client.get("/sessions/").status_code == 200
 
 
 def test_other_server_errors_under_the_api_keep_the_json_shape() -> None:
