@@ -50,20 +50,24 @@ def drop_broken_connections() -> None:
             log.warning("checking the %s database's pool failed: %s", conn.alias, exc)
 
 
+def _in_shape_of(request: HttpRequest, status: int, code: str, message: str) -> HttpResponse | None:
+    """The error in the shape of ``request``'s API (the OpenAI envelope under /openai/, the house
+    shape under /api/); None for a page."""
+    if request.path.startswith(WIRE_PREFIX):
+        return JsonResponse({"error": {"message": message, "type": "server_error", "code": code, "param": None}},
+                            status=status)
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse({"code": code, "message": message, "details": {}}, status=status)
+    return None
+
+
 def database_unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
     """503 for ``exc``, one of ``DATABASE_UNAVAILABLE``, in the shape of ``request``'s path."""
     log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
     drop_broken_connections()
-    response: HttpResponse
-    if request.path.startswith(WIRE_PREFIX):
-        response = JsonResponse({"error": {"message": MESSAGE, "type": "server_error",
-                                           "code": "database_unavailable", "param": None}}, status=503)
-    elif request.path.startswith(API_PREFIX):
-        response = JsonResponse({"code": "database_unavailable", "message": MESSAGE, "details": {}}, status=503)
-    else:
-        response = HttpResponse(
-            "<!doctype html><title>Unavailable</title><h1>The database is not answering</h1>"
-            f"<p>{MESSAGE}</p>", status=503, content_type="text/html; charset=utf-8")
+    response = _in_shape_of(request, 503, "database_unavailable", MESSAGE) or HttpResponse(
+        "<!doctype html><title>Unavailable</title><h1>The database is not answering</h1>"
+        f"<p>{MESSAGE}</p>", status=503, content_type="text/html; charset=utf-8")
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 
@@ -73,10 +77,5 @@ def server_error(request: HttpRequest) -> HttpResponse:
     exc = sys.exc_info()[1]
     if isinstance(exc, DATABASE_UNAVAILABLE):
         return database_unavailable_response(request, exc)
-    if request.path.startswith(WIRE_PREFIX):
-        return JsonResponse({"error": {"message": "The server failed to handle this request.", "type": "server_error",
-                                       "code": "internal_error", "param": None}}, status=500)
-    if request.path.startswith(API_PREFIX):
-        return JsonResponse({"code": "internal_error", "message": "The server failed to handle this request.",
-                             "details": {}}, status=500)
-    return defaults.server_error(request)
+    return (_in_shape_of(request, 500, "internal_error", "The server failed to handle this request.")
+            or defaults.server_error(request))

@@ -12,6 +12,7 @@ from agentops.domain import NotFound
 from agentops.models import TeamMembership
 from approvals_app import services as approval_services
 from sessions_app.models import AgentSession
+from sessions_app.selectors import agent_get
 from tests import factories
 from tests.helpers import api_client, login
 from tools_app.services import tool_definitions_seed
@@ -115,8 +116,6 @@ def test_the_agent_a_session_starts_with_is_found_as_the_team_scope_says() -> No
     an operator of the agent's team finds it, twice (the second time through the compiled SQL);
     a reviewer of that team, an operator of another team, an inactive user and an unknown slug
     do not; a superuser does."""
-    from sessions_app.selectors import agent_get
-
     ours, theirs, op = _two_teams()
     assert agent_get(ours.agent.slug, user=op) == ours.agent
     assert agent_get(ours.agent.slug, user=op) == ours.agent
