@@ -60,10 +60,20 @@ def session_to_operate(session_id: Any, *, user: Any) -> AgentSession:
     return session
 
 
+# Every WebSocket and SSE stream asks it when it connects and when it re-checks its access (200
+# watchers connecting at once): compiled once (agentops/prepared.py) for a member who is no superuser.
+_SESSION_OF_MEMBER = Prepared(lambda pk, user_id: AgentSession.objects.filter(
+    pk=pk, team_id__in=member_teams(user_id)).only("pk").order_by()[:1])
+
+
 def session_exists(session_id: Any, *, user: Any) -> bool:
     """Is there such a session in the user's teams?"""
     key = _uuid(session_id)
-    return key is not None and scope(AgentSession.objects.filter(pk=key), user).exists()
+    if key is None:
+        return False
+    if is_active(user) and not user.is_superuser:
+        return bool(_SESSION_OF_MEMBER.all(pk=key, user_id=user.pk))
+    return scope(AgentSession.objects.filter(pk=key), user).exists()
 
 
 @dataclass

@@ -12,7 +12,7 @@ from agentops.domain import NotFound
 from agentops.models import TeamMembership
 from approvals_app import services as approval_services
 from sessions_app.models import AgentSession
-from sessions_app.selectors import agent_get
+from sessions_app.selectors import agent_get, session_exists
 from tests import factories
 from tests.helpers import api_client, login
 from tools_app.services import tool_definitions_seed
@@ -127,6 +127,22 @@ def test_the_agent_a_session_starts_with_is_found_as_the_team_scope_says() -> No
             agent_get(slug, user=user)
     admin = factories.user(groups=["admins"], teams=[], is_superuser=True, is_staff=True)
     assert agent_get(theirs.agent.slug, user=admin) == theirs.agent
+
+
+def test_the_session_a_stream_watches_is_found_as_the_team_scope_says() -> None:
+    """``session_exists`` (every WebSocket and SSE stream asks it at connect and on each re-check;
+    a query compiled once for members) agrees with the scope: a member of the session's team finds
+    it, twice (the second time through the compiled SQL), whatever their role; a member of another
+    team, an inactive user, an unknown id and a malformed one do not; a superuser does."""
+    ours, theirs, op = _two_teams()
+    assert session_exists(ours.pk, user=op) and session_exists(str(ours.pk), user=op)
+    reviewer = factories.user(groups=["reviewers"], teams=["a"], role="reviewer")
+    assert session_exists(ours.pk, user=reviewer)
+    inactive = factories.user(groups=["operators"], teams=["a"], is_active=False)
+    refused = [(theirs.pk, op), (ours.pk, inactive), (uuid.uuid4(), op), ("not-a-uuid", op)]
+    assert not any(session_exists(session_id, user=user) for session_id, user in refused)
+    admin = factories.user(groups=["admins"], teams=[], is_superuser=True, is_staff=True)
+    assert session_exists(theirs.pk, user=admin)
 
 
 def test_admins_see_every_team() -> None:
