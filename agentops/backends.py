@@ -14,7 +14,12 @@ from typing import Any
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Group, Permission, User
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ValidationError
 from django.db import connection
+
+from agentops.prepared import Prepared
+
+_USER = Prepared(lambda pk: User.objects.filter(pk=pk))
 
 
 def permissions_of_user_sql(user_id: str) -> str:
@@ -36,7 +41,16 @@ def _statement() -> str:
 
 class OneQueryModelBackend(ModelBackend):
     """``ModelBackend`` whose ``get_all_permissions`` reads a non-superuser's permissions in one
-    statement (authentication and the per-kind reads are Django's own)."""
+    statement, and whose ``get_user`` (every browser request and WebSocket connect asks it) runs
+    SQL compiled once (``agentops.prepared``); authentication and the per-kind reads are Django's own."""
+
+    def get_user(self, user_id: Any) -> User | None:
+        try:
+            pk = User._meta.pk.to_python(user_id)
+        except ValidationError:
+            return None
+        user = _USER.first(pk=pk) if pk is not None else None
+        return user if user is not None and self.user_can_authenticate(user) else None
 
     def get_all_permissions(self, user_obj: Any, obj: Any = None) -> set[str]:
         if not user_obj.is_active or user_obj.is_anonymous or obj is not None:

@@ -332,6 +332,7 @@ AUTH_PASSWORD_VALIDATORS: list[dict[str, object]] = [
 ]
 
 # HTTPS and the proxy in front (README, "Deploying"): all off by default for `make run` on http://localhost.
+SESSION_ENGINE = "agentops.browser_sessions"  # Django's db sessions, read with SQL compiled once
 SESSION_COOKIE_SECURE = env.bool("AGENTOPS_SECURE_COOKIES", default=False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SESSION_COOKIE_HTTPONLY = True

@@ -70,3 +70,19 @@ def test_a_permission_taken_away_counts_from_the_next_request(users: dict[str, A
     assert has_perm(_fresh(users["grouped"]), VIEW_SESSIONS)
     users["grouped"].groups.clear()
     assert not has_perm(_fresh(users["grouped"]), VIEW_SESSIONS)
+
+
+@pytest.mark.django_db
+def test_the_user_of_a_session_is_loaded_as_modelbackend_loads_it(users: dict[str, Any]) -> None:
+    """``get_user`` (its query compiled once): each user as Django's ModelBackend finds them, twice
+    (the second time through the compiled SQL); an inactive user, an unknown id and a malformed one
+    are no user."""
+    ours, django = OneQueryModelBackend(), ModelBackend()
+    for _ in range(2):
+        for user in users.values():
+            for user_id in (user.pk, str(user.pk)):
+                found, expected = ours.get_user(user_id), django.get_user(user_id)
+                assert (found and found.pk) == (expected and expected.pk)
+                assert found is None or (found.username, found.is_superuser) == (user.username, user.is_superuser)
+    assert ours.get_user(users["inactive"].pk) is None
+    assert ours.get_user(10**9) is None and ours.get_user("not-a-number") is None and ours.get_user(None) is None
