@@ -202,7 +202,7 @@ def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: s
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
     for n in (1, 2):
         priority.background(stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600",
-                                                        "--db-threads", "4"]).pid)
+                                                        "--db-threads", "2"]).pid)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["announcer"])
     for name, command in webserve.announcer_commands(PY, stack.env).items():
         stack.spawn(name, command)
