@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -357,9 +358,8 @@ SEQ_MAX = 2**63 - 1
 PREPARED_LIMITS = 8  # the few page sizes the streams and the API ask for; any other is built as usual
 
 
-def _events_after_query(limit: int) -> Prepared[Event]:
-    return Prepared(lambda session_id, after, until: Event.objects.filter(
-        session_id=session_id, seq__gt=after, seq__lte=until).order_by("seq")[:limit])
+def _events_between(*, session_id: Any, after: int, until: int, limit: int) -> QuerySet[Event]:
+    return Event.objects.filter(session_id=session_id, seq__gt=after, seq__lte=until).order_by("seq")[:limit]
 
 
 # Every WebSocket's backlog and resend and every SSE page reads it (200 watchers connecting at
@@ -371,11 +371,11 @@ def events_after(*, session_id: Any, after: int = 0, limit: int = 200, until: in
     """A session's events with ``after < seq <= until``, in seq order, at most ``limit``."""
     prepared = _EVENTS_AFTER.get(limit)
     if prepared is None and len(_EVENTS_AFTER) < PREPARED_LIMITS:
-        prepared = _EVENTS_AFTER.setdefault(limit, _events_after_query(limit))
+        prepared = _EVENTS_AFTER.setdefault(limit, Prepared(partial(_events_between, limit=limit)))
     upper = SEQ_MAX if until is None else until
     if prepared is not None:
         return prepared.all(session_id=_uuid(session_id), after=after, until=upper)
-    return list(Event.objects.filter(session_id=session_id, seq__gt=after, seq__lte=upper).order_by("seq")[:limit])
+    return list(_events_between(session_id=session_id, after=after, until=upper, limit=limit))
 
 
 def events_since(*, user: Any, type_prefix: str, since: datetime, limit: int,

@@ -39,6 +39,7 @@ def test_events_after_reads_the_range_asked_for_with_any_page_size() -> None:
     for n in range(12):
         event_record(session_id=session.id, type="custom.n", payload={"n": n})
     event_record(session_id=other.id, type="custom.other")
+
     def seqs(**kwargs: Any) -> list[int]:
         return [e.seq - base for e in selectors.events_after(**kwargs)]
 
