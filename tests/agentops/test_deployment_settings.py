@@ -91,7 +91,9 @@ def test_api_docs_load_their_assets_from_this_server() -> None:
     html = page.content.decode()
     sources = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sources and all(src.startswith("/") for src in sources), sources
-    assert "cdn" not in html.lower()
+    # No URL to another host anywhere in the page (its scripts' settings included). Not a bare
+    # "cdn" substring: the page's random CSRF token contained those three letters once in CI.
+    assert not re.search(r"(?:https?:)?//(?!127\.0\.0\.1|localhost|testserver)[a-z0-9.-]+", html.lower()), html
     for src in sources:
         if src.startswith("/static/"):
             assert client.get(src).status_code == 200, src
