@@ -307,9 +307,15 @@ AGENTOPS_GATEWAY_CONCURRENCY = env.int("AGENTOPS_GATEWAY_CONCURRENCY", default=5
 # 2026-12-03: make run's one gateway (200 sessions) took 2.00-2.08x the ideal with 8 and 2.42-2.60x
 # with 4; each of the multi layout's two gateways (N = 300) committed faster with 4 (event created
 # -> committed p50 44-48 -> 28-31 ms, p99 298-394 -> 190-217 ms, three runs each), the README's
-# layout passes --db-threads 4.
+# layout passes --db-threads 2 where the gateways share the cores with daphne (4 on hosts of their own).
 AGENTOPS_GATEWAY_DB_THREADS = env.int("AGENTOPS_GATEWAY_DB_THREADS", default=8)
 AGENTOPS_GATEWAY_DRAIN_SECONDS = env.float("AGENTOPS_GATEWAY_DRAIN_SECONDS", default=30.0)
+# How long a gateway drives one turn (its model calls and the read-only tools between them) before
+# it hands the turn back to the stream and a Celery tick; a gateway with every slot taken hands a
+# turn back after its share (``tick.INLINE_SECONDS``), so that waiting turns get a slot. A coroutine
+# costs nothing while the model thinks; a hand-over costs a tick in a worker, a stream entry and the
+# conversation loaded again, which a busy machine cannot afford every 30 s of every turn.
+AGENTOPS_GATEWAY_DRIVE_SECONDS = env.float("AGENTOPS_GATEWAY_DRIVE_SECONDS", default=600.0)
 # How often the gateway looks whether the steps of its calls in flight were settled elsewhere (a
 # cancelled turn): it then lets go of their calls.
 AGENTOPS_GATEWAY_WATCH_SECONDS = env.float("AGENTOPS_GATEWAY_WATCH_SECONDS", default=2.0)

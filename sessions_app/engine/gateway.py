@@ -169,12 +169,17 @@ class Gateway:
         or is handed to a Celery worker. ``on_ticked`` runs once the first tick has committed.
         ``session_id``: the turn's session, when the caller knows it (one query less)."""
         started = time.monotonic()
+        deadline = started + settings.AGENTOPS_GATEWAY_DRIVE_SECONDS
 
         def fresh() -> bool:
-            return time.monotonic() - started <= INLINE_SECONDS
+            """Drive on? A turn goes back to the stream (and a Celery tick) at its next step once
+            the gateway is stopping (the drain waits only for calls in flight), once its share
+            of a full gateway is used (other turns wait for a slot), or after the drive's bound."""
+            now = time.monotonic()
+            return not self.stopping() and now <= deadline and (now - started <= INLINE_SECONDS or not self.full())
 
-        deadline = started + INLINE_SECONDS
-        claimed, convo = await self.db(_tick_and_load, turn_id, fresh=fresh(), session_id=session_id,
+        # The first tick claims what it can (a turn handed back takes a step at each new drive).
+        claimed, convo = await self.db(_tick_and_load, turn_id, fresh=not self.stopping(), session_id=session_id,
                                        deadline=deadline)
         if on_ticked is not None:
             await on_ticked()
@@ -352,6 +357,13 @@ class Gateway:
             await client.aclose()
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def full(self) -> bool:
+        """Every slot taken: entries wait on the stream for this gateway (or another)."""
+        return self.in_flight >= self.concurrency
+
+    def stopping(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
 
     def stop(self) -> None:
         """Stop reading; ``run`` returns once the calls in flight are done (or after the drain time)."""

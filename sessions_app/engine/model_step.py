@@ -229,7 +229,7 @@ def model_reply_apply(convo: Conversation, step: Step, reply: llm.ModelReply, *,
     after_reply = _plus(convo.counters, model_calls=1, prompt_tokens=reply.prompt_tokens,
                         completion_tokens=reply.completion_tokens)
     limit = after_reply["max_tool_calls"]
-    if (not calls or None in tools or reply.checks or not convo.in_time()
+    if (not calls or None in tools or reply.checks or not fresh or not convo.in_time()
             or (limit is not None and after_reply["tool_calls"] + len(calls) > limit)
             or budget_crossed(after_reply, convo.turn_seconds(), before="tool")):
         return Ticked(_reply_record_and_tick(step, reply, message, fresh=fresh))

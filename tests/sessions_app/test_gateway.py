@@ -333,3 +333,102 @@ def test_gateway_leaves_one_pooled_connection_for_its_announcer(monkeypatch: pyt
     assert Gateway(db_threads=4)._executor._max_workers == 4  # type: ignore[union-attr]
     monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", {})  # no pool (SQLite): as asked
     assert Gateway(db_threads=8)._executor._max_workers == 8  # type: ignore[union-attr]
+
+
+def _long_turn(agent: AgentProfile, owner: User, token: str) -> Turn:
+    """A turn of three model calls with a read-only tool after each of the first two."""
+    _, turn = session_start(agent=agent, owner=owner, input=script(
+        tool("list_files", path="."), tool("list_files", path="."), f"say long {token}"))
+    assert turn is not None
+    return turn
+
+
+def _hand_overs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each turn handed by the gateway to a Celery tick (the engine's ``dispatch.tick_enqueue``,
+    still called through); the gateway's share of a turn (``INLINE_SECONDS``) used at once."""
+    from agentops import dispatch
+    from sessions_app.engine import gateway
+
+    sent: list[str] = []
+    enqueue = dispatch.tick_enqueue
+
+    def counted(turn_id: uuid.UUID | str) -> None:
+        sent.append(str(turn_id))
+        enqueue(turn_id)
+
+    monkeypatch.setattr(dispatch, "tick_enqueue", counted)
+    monkeypatch.setattr(gateway, "INLINE_SECONDS", 0.0)
+    return sent
+
+
+def test_a_gateway_with_free_slots_drives_a_turn_past_its_share_to_the_end(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coroutine costs nothing while the model thinks: a gateway that has room drives a long
+    turn to its end. Handing it to Celery every 30 s of every turn (as a Celery task must) cost a
+    tick, a stream entry and the conversation loaded again, and on a busy machine (turns longer
+    than 30 s) that extra work slowed every turn further (bench/concurrency.py N = 1,000: 4.3-5.6x
+    the ideal before, 3.2x after). No Celery worker here: a hand-over would leave the turn waiting."""
+    token = uuid.uuid4().hex
+    handed = _hand_overs(monkeypatch)
+    gateway, thread = run_in_thread(concurrency=10, db_threads=2)
+    try:
+        turn = finished(_long_turn(engine_agent, owner, token), timeout=30)
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"long {token}", turn.error_message
+    assert handed == []
+    assert len(_requests_of(scripted_model, token)) == 3
+    assert_gap_free(turn.session_id)
+
+
+def test_a_full_gateway_hands_a_turn_back_after_its_share(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, celery_worker: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every slot taken, a turn past its share goes back to Celery and the stream at its next
+    step, so that turns waiting for a slot get one; it still completes, each call made once."""
+    token = uuid.uuid4().hex
+    handed = _hand_overs(monkeypatch)
+    gateway, thread = run_in_thread(concurrency=1, db_threads=2)
+    try:
+        turn = finished(_long_turn(engine_agent, owner, token), timeout=30)
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
+    assert turn.status == "completed" and turn.output_text == f"long {token}", turn.error_message
+    assert handed and set(handed) == {str(turn.id)}
+    assert len(_requests_of(scripted_model, token)) == 3
+    assert Step.objects.filter(turn=turn, kind="tool", status="completed").count() == 2
+    assert_gap_free(turn.session_id)
+
+
+def test_a_stopping_gateway_hands_its_turns_back_at_the_next_step(
+        engine_agent: AgentProfile, owner: User, scripted_model: ScriptedModelServer, celery_worker: object) -> None:
+    """A gateway told to stop finishes the call in flight, records it, and hands the turn on (the
+    next model call goes to the stream, for another gateway) instead of driving it to the end."""
+    token = uuid.uuid4().hex
+    first, first_thread = run_in_thread(concurrency=10, db_threads=2)
+    second = second_thread = None
+    try:
+        _, turn = session_start(agent=engine_agent, owner=owner, input=script(
+            "sleep 1500", tool("list_files", path="."), f"say carried on {token}"))
+        assert turn is not None
+        wait_for(lambda: first.calls or None, 20, "the first call in flight")
+        first.stop_threadsafe()
+        first_thread.join(30)
+        assert not first_thread.is_alive()
+        assert len(_requests_of(scripted_model, token)) == 1  # the second call was not made by it
+        second, second_thread = run_in_thread(concurrency=10, db_threads=2)
+        done = finished(turn, timeout=30)
+    finally:
+        if first_thread.is_alive():
+            first.stop_threadsafe()
+            first_thread.join(30)
+        if second is not None and second_thread is not None:
+            second.stop_threadsafe()
+            second_thread.join(30)
+    assert done.status == "completed" and done.output_text == f"carried on {token}", done.error_message
+    assert len(_requests_of(scripted_model, token)) == 2
+    assert Step.objects.get(turn=turn, kind="model", index=0).attempts == 1
+    assert_gap_free(turn.session_id)
