@@ -291,12 +291,77 @@ def relay_alive() -> frozenset[int]:
     return alive
 
 
-def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
-    """Append committed events to their shards' relay streams, in commit order, one round trip;
-    returns those it did not append (their shard has no announcer alive, or Redis refused: then
-    all of them), which the caller announces itself."""
+# Appends the events whose groups someone is in, in one script run: a group's members are read
+# in the same Redis that holds the stream, after the commit, so a watcher is either in the group
+# already (its event is relayed) or joins later and reads the event from its backlog (every
+# consumer joins before it reads). KEYS: the groups' and the streams' keys; ARGV: the members'
+# oldest join time kept, the streams' MAXLEN, then per event its stream's key index, its groups'
+# key indexes (comma-separated), the event and its commit time.
+RELAY_LISTENED_SCRIPT = """
+local after, maxlen, heard, sent = ARGV[1], ARGV[2], {}, 0
+for i = 3, #ARGV, 4 do
+  local listened = false
+  for g in string.gmatch(ARGV[i + 1], '%d+') do
+    local k = tonumber(g)
+    if heard[k] == nil then heard[k] = redis.call('ZCOUNT', KEYS[k], after, '+inf') > 0 end
+    listened = listened or heard[k]
+  end
+  if listened then
+    redis.call('XADD', KEYS[tonumber(ARGV[i])], 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i + 2], 'c', ARGV[i + 3])
+    sent = sent + 1
+  end
+end
+return sent
+"""
+
+
+_relay_script: dict[int, Any] = {}  # the process's Redis client → the script registered on it
+
+
+def _layer_on_relay_redis() -> Any:
+    """The channel layer when its groups live in the Redis of the relay streams (one host, the
+    same URL: the default and the README's layouts), so one script can read both; else None."""
+    layer = get_channel_layer()
+    hosts = getattr(layer, "hosts", None)
+    if layer is None or not hasattr(layer, "_group_key") or not hosts or len(hosts) != 1:
+        return None
+    return layer if hosts[0].get("address") == settings.REDIS_URL else None
+
+
+def _append(relayed: list[tuple[int, tuple[float, dict[str, Any]]]]) -> int:
+    """Append the events to their shards' streams, one round trip, and say how many were."""
     from agentops.dispatch import redis_client
 
+    client = redis_client()
+    layer = _layer_on_relay_redis()
+    if layer is None:  # groups elsewhere: relay everything, the announcer asks who listens
+        pipe = client.pipeline(transaction=False)
+        for shard, (committed, event) in relayed:
+            pipe.xadd(relay_stream(shard), {"e": json.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
+                      approximate=True)
+        pipe.execute()
+        return len(relayed)
+    keys: dict[str | bytes, int] = {}
+
+    def key(name: str | bytes) -> int:
+        return keys.setdefault(name, len(keys) + 1)  # Lua counts from 1
+
+    items: list[Any] = []
+    for shard, (committed, event) in relayed:
+        groups = ",".join(str(key(layer._group_key(group))) for group in _groups_of(event))
+        items += [key(relay_stream(shard)), groups, json.dumps(event), repr(committed)]
+    script = _relay_script.get(id(client))
+    if script is None:
+        script = _relay_script[id(client)] = client.register_script(RELAY_LISTENED_SCRIPT)  # EVALSHA
+    return int(script(keys=list(keys), args=[int(time.time()) - layer.group_expiry, RELAY_MAXLEN, *items]))
+
+
+def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
+    """Hand committed events to their shards' announcer processes, in commit order, one round
+    trip: only the events someone listens to (``RELAY_LISTENED_SCRIPT``; a session nobody watches
+    costs its writer one script run and no announcer any work). Returns those it did not take
+    (their shard has no announcer alive, or Redis refused: then all of them), which the caller
+    announces itself."""
     alive = relay_alive()
     if not alive:
         return batch
@@ -312,11 +377,7 @@ def relay_push(batch: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, d
     if not relayed:
         return batch
     try:
-        pipe = redis_client().pipeline(transaction=False)
-        for shard, (committed, event) in relayed:
-            pipe.xadd(relay_stream(shard), {"e": json.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
-                      approximate=True)
-        pipe.execute()
+        _append(relayed)
     except Exception as exc:
         _relay_state["checked_at"] = -1e9  # ask again next time
         log.warning("relaying %d events failed, announcing them here: %s", len(batch), exc)

@@ -1,6 +1,7 @@
 """The announcer process: renders and sends the events that writers relay to it.
 
-Writers append each committed event to the ``RELAY_STREAM`` Redis stream while this process's
+Writers append each committed event that someone listens to (``announce.relay_push``: a
+watcher's group has a member) to the ``RELAY_STREAM`` Redis stream while this process's
 heartbeat key exists (``announce.relay_alive``); this loop reads the stream in order, renders
 the fragments of a batch once and sends one message per group, as a writer's own announcer thread
 would, in a process that does nothing else. The stream is read with plain ``XREAD``: announcing is

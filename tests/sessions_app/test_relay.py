@@ -188,3 +188,67 @@ def test_announcers_share_the_sessions_by_shard_and_a_shard_without_one_is_annou
             proc.wait()
         for shard, session in sessions.items():
             async_to_sync(layer.group_discard)(announce.session_group(session.id), channels[shard])
+
+
+def _relayed_of(session_id: Any) -> list[tuple[int, str]]:
+    """(seq, type) of the relay stream's entries of one session, in stream order."""
+    entries = redis_client().xrange(announce.RELAY_STREAM)
+    events = [json.loads(fields[b"e"]) for _, fields in entries]  # type: ignore[union-attr]
+    return [(e["seq"], e["type"]) for e in events if e["session_id"] == str(session_id)]
+
+
+@pytest.fixture
+def announcer_said_alive(clean_relay: None) -> None:
+    """An announcer's heartbeat (no process: these tests read what the writers relay)."""
+    redis_client().set(announce.relay_alive_key(0), "1", ex=60)
+
+
+def test_a_writer_relays_only_the_events_someone_listens_to(
+        announcer_said_alive: None, monkeypatch: pytest.MonkeyPatch, operator: Any, agent: Any) -> None:
+    """Nobody watches most sessions most of the time: their events cost the writer one script run
+    and no announcer any work (bench/concurrency.py N = 1,000, no watchers: the announcer's CPU
+    went to the streams' reading and the listeners' checks). The check runs after the commit in the
+    Redis that holds the groups, so a watcher that joins later reads the event from its backlog."""
+    watched, quiet = (factories.session(agent=agent, owner=operator) for _ in range(2))
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(announce.session_group(watched.id), channel)
+    rendered_here = _rendered_here(monkeypatch)
+    try:
+        with transaction.atomic():
+            seqs = [event_record(session_id=s.id, type="note.added", payload={"n": n}).seq
+                    for n, s in enumerate((quiet, watched, quiet, watched))]
+        assert _relayed_of(watched.id) == [(seqs[1], "note.added"), (seqs[3], "note.added")]
+        assert _relayed_of(quiet.id) == []
+        assert rendered_here == []  # nor announced by the writer itself: nobody would receive it
+
+        # An approval's event goes to its team's reviewers too: relayed when only they listen.
+        reviewers = async_to_sync(layer.new_channel)()
+        async_to_sync(layer.group_add)(announce.approvals_group(quiet.team_id), reviewers)
+        try:
+            asked = event_record(session_id=quiet.id, type="approval.requested", payload={"team_id": quiet.team_id})
+            event_record(session_id=quiet.id, type="note.added", payload={})
+            assert _relayed_of(quiet.id) == [(asked.seq, "approval.requested")]
+        finally:
+            async_to_sync(layer.group_discard)(announce.approvals_group(quiet.team_id), reviewers)
+
+        # A watcher that joins now finds the earlier events in the database and gets the next live.
+        late = async_to_sync(layer.new_channel)()
+        async_to_sync(layer.group_add)(announce.session_group(quiet.id), late)
+        try:
+            after = event_record(session_id=quiet.id, type="note.added", payload={"late": True})
+            assert _relayed_of(quiet.id)[-1] == (after.seq, "note.added")
+        finally:
+            async_to_sync(layer.group_discard)(announce.session_group(quiet.id), late)
+    finally:
+        async_to_sync(layer.group_discard)(announce.session_group(watched.id), channel)
+
+
+def test_groups_in_another_redis_than_the_relay_get_every_event_relayed(
+        announcer_said_alive: None, settings: Any, operator: Any, agent: Any) -> None:
+    """The script reads the groups where it appends: with the channel layer on another Redis it
+    cannot, and every event goes to the announcer, which asks the layer itself."""
+    quiet = factories.session(agent=agent, owner=operator)
+    settings.REDIS_URL = settings.REDIS_URL + "?elsewhere=1"  # the layer's host is no longer this URL
+    event = event_record(session_id=quiet.id, type="note.added", payload={})
+    assert _relayed_of(quiet.id) == [(event.seq, "note.added")]
