@@ -62,6 +62,7 @@ READ_BATCH = 100
 BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
 HOLD_MAX_SECONDS = 0.5  # and reads what no one has taken, without waiting, once it has not read for this long
 HEARTBEAT_SECONDS = 10.0
+READER_IDLE_MS = 5000  # a consumer of the group that read this recently is a gateway reading the stream
 HEARTBEAT_KEY = "agentops:gateway:"
 
 
@@ -153,13 +154,33 @@ class Gateway:
         the new turns. Before, two gateways reading 100 entries at a time split a burst of new
         sessions by who got the CPU first, and the one that took most drove them at twice the
         other's load. A busy gateway still reads, without waiting, the entries no one has
-        taken, once every ``HOLD_MAX_SECONDS``: a new turn is never left behind for long."""
+        taken, once every ``HOLD_MAX_SECONDS`` (its share of them, ``_share``): a new turn is never
+        left behind for long."""
         takes = max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
         if takes > 0:
             return takes, 1000
         if free > 0 and time.monotonic() - self._read_at > HOLD_MAX_SECONDS:
             return min(free, READ_BATCH), None
         return 0, None
+
+    async def _share(self, client: aioredis.Redis, most: int) -> int:
+        """A busy gateway's read of the entries nobody has read: its share of them (the unread
+        entries over the gateways reading the stream), at most ``most``. Taking them all sent a
+        burst of new sessions to whichever busy gateway looked first (bench/concurrency.py N = 300:
+        197 of one gateway's 208 turns came in such reads, the other drove 92; with shares 144
+        and 156), and the one that took most drove them slower, its commits and live updates with
+        them. Acknowledged entries are deleted, so the stream holds what is pending or unread."""
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.xlen(MODEL_STREAM)
+                pipe.xpending(MODEL_STREAM, MODEL_GROUP)
+                pipe.xinfo_consumers(MODEL_STREAM, MODEL_GROUP)
+                length, pending, consumers = await pipe.execute()
+            unread = int(length) - int(pending["pending"])
+            readers = sum(1 for c in consumers if int(c["idle"]) < READER_IDLE_MS) or 1
+        except (aioredis.RedisError, KeyError, TypeError, ValueError):
+            return most
+        return max(1, min(most, -(-unread // readers)))
 
     # --- driving a turn -----------------------------------------------------------------------
 
@@ -326,6 +347,8 @@ class Gateway:
                 if takes <= 0:
                     await asyncio.sleep(BUSY_PAUSE_SECONDS)
                     continue
+                if block is None:
+                    takes = await self._share(client, takes)
                 self._read_at = time.monotonic()
                 try:
                     batches = await client.xreadgroup(MODEL_GROUP, self.name, {MODEL_STREAM: ">"},

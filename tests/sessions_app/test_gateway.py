@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from django.contrib.auth.models import User
 from django.db import transaction
 
@@ -432,3 +433,36 @@ def test_a_stopping_gateway_hands_its_turns_back_at_the_next_step(
     assert len(_requests_of(scripted_model, token)) == 2
     assert Step.objects.get(turn=turn, kind="model", index=0).attempts == 1
     assert_gap_free(turn.session_id)
+
+
+def test_a_busy_gateway_takes_its_share_of_the_unread_entries() -> None:
+    """A busy gateway's read of what nobody has read takes the unread entries over the gateways
+    reading the stream, so that a burst is split between busy gateways (it went to whichever
+    looked first: 197 of one gateway's 208 turns at N = 300, bench/concurrency.py)."""
+    from django.conf import settings
+
+    from sessions_app.engine.gateway import Gateway
+
+    async def shares() -> tuple[int, int, int, int]:
+        client = aioredis.from_url(settings.REDIS_URL)
+        try:
+            await client.xgroup_create(MODEL_STREAM, MODEL_GROUP, id="0", mkstream=True)
+            for n in range(30):
+                await client.xadd(MODEL_STREAM, {"step_id": str(n)})
+            await client.xreadgroup(MODEL_GROUP, "gateway-a", {MODEL_STREAM: ">"}, count=4)
+            await client.xreadgroup(MODEL_GROUP, "gateway-b", {MODEL_STREAM: ">"}, count=2)
+            ((done, _),) = await client.xrange(MODEL_STREAM, count=1)  # a's first, done: acknowledged and deleted
+            await client.xack(MODEL_STREAM, MODEL_GROUP, done)
+            await client.xdel(MODEL_STREAM, done)
+            gateway = Gateway(concurrency=100, db_threads=2)
+            # 24 unread, 2 gateways reading: 12 each; never more than asked; 1 when none is unread.
+            share, capped = await gateway._share(client, 100), await gateway._share(client, 5)
+            await client.xreadgroup(MODEL_GROUP, "gateway-a", {MODEL_STREAM: ">"}, count=100)
+            drained = await gateway._share(client, 100)
+            await client.delete(MODEL_STREAM)
+            broken = await gateway._share(client, 7)  # no group: what it was asked for
+            return share, capped, drained, broken
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(shares()) == (12, 5, 1, 7)
