@@ -336,12 +336,18 @@ def test_gateway_leaves_one_pooled_connection_for_its_announcer(monkeypatch: pyt
     assert Gateway(db_threads=8)._executor._max_workers == 8  # type: ignore[union-attr]
 
 
-def _long_turn(agent: AgentProfile, owner: User, token: str) -> Turn:
-    """A turn of three model calls with a read-only tool after each of the first two."""
-    _, turn = session_start(agent=agent, owner=owner, input=script(
-        tool("list_files", path="."), tool("list_files", path="."), f"say long {token}"))
-    assert turn is not None
-    return turn
+def _long_turn_driven(agent: AgentProfile, owner: User, token: str, *, concurrency: int) -> Turn:
+    """A turn of three model calls with a read-only tool after each of the first two, driven by a
+    gateway of ``concurrency`` slots until it ends; the turn as stored."""
+    gateway, thread = run_in_thread(concurrency=concurrency, db_threads=2)
+    try:
+        _, turn = session_start(agent=agent, owner=owner, input=script(
+            tool("list_files", path="."), tool("list_files", path="."), f"say long {token}"))
+        assert turn is not None
+        return finished(turn, timeout=30)
+    finally:
+        gateway.stop_threadsafe()
+        thread.join(30)
 
 
 def _hand_overs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -372,12 +378,7 @@ def test_a_gateway_with_free_slots_drives_a_turn_past_its_share_to_the_end(
     the ideal before, 3.2x after). No Celery worker here: a hand-over would leave the turn waiting."""
     token = uuid.uuid4().hex
     handed = _hand_overs(monkeypatch)
-    gateway, thread = run_in_thread(concurrency=10, db_threads=2)
-    try:
-        turn = finished(_long_turn(engine_agent, owner, token), timeout=30)
-    finally:
-        gateway.stop_threadsafe()
-        thread.join(30)
+    turn = _long_turn_driven(engine_agent, owner, token, concurrency=10)
     assert turn.status == "completed" and turn.output_text == f"long {token}", turn.error_message
     assert handed == []
     assert len(_requests_of(scripted_model, token)) == 3
@@ -391,12 +392,7 @@ def test_a_full_gateway_hands_a_turn_back_after_its_share(
     step, so that turns waiting for a slot get one; it still completes, each call made once."""
     token = uuid.uuid4().hex
     handed = _hand_overs(monkeypatch)
-    gateway, thread = run_in_thread(concurrency=1, db_threads=2)
-    try:
-        turn = finished(_long_turn(engine_agent, owner, token), timeout=30)
-    finally:
-        gateway.stop_threadsafe()
-        thread.join(30)
+    turn = _long_turn_driven(engine_agent, owner, token, concurrency=1)
     assert turn.status == "completed" and turn.output_text == f"long {token}", turn.error_message
     assert handed and set(handed) == {str(turn.id)}
     assert len(_requests_of(scripted_model, token)) == 3
