@@ -39,8 +39,9 @@ class Watcher:
         self.latencies: list[float] = []
         self.received_at: list[float] = []  # when each of ``latencies`` arrived (Unix time)
         # created → committed → picked by the announcer → listeners checked → rendered → sent →
-        # received, ms (the server's AGENTOPS_PUSH_TIMINGS)
-        self.stages: list[list[float]] = []
+        # taken by the web process's consumer → received, ms (the server's AGENTOPS_PUSH_TIMINGS),
+        # then when it was received (Unix time) and the event's type
+        self.stages: list[list[Any]] = []
         self.gaps = 0
         self.reconnects = 0
         self.errors: list[str] = []
@@ -100,8 +101,9 @@ class Watcher:
             self.received_at.append(received)
             stages, announced = data.get("stages"), data.get("announced_at")
             if stages and len(stages) == 4 and announced:
-                marks = [created, *stages, announced, received]
-                self.stages.append([*((b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)), received])
+                marks = [created, *stages, announced, data.get("forwarded_at") or announced, received]
+                self.stages.append([*((b - a) * 1000 for a, b in zip(marks, marks[1:], strict=False)), received,
+                                    str(event.get("type", ""))])
 
 
 async def _close_at(ws: Any, deadline: Deadline) -> None:

@@ -243,7 +243,7 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
     lat = report["latencies_ms"]
     stages = report.get("stages_ms") or []
     names = ["created → committed", "→ picked by the announcer", "→ listeners checked", "→ rendered",
-             "→ sent", "→ received"]
+             "→ sent", "→ taken by daphne's consumer", "→ received by the client"]
     if stages:  # where a delivery's time went, stage by stage
         print("  push stages (p50 / p99 ms): " + "; ".join(
             f"{name} {pct([x[i] for x in stages], 0.5):.1f} / {pct([x[i] for x in stages], 0.99):.1f}"
@@ -257,10 +257,17 @@ def push_summary(report: dict[str, Any]) -> dict[str, Any]:
         print("  push p99 by 2-s window (ms): " + ", ".join(
             f"{2 * w}-{2 * w + 2} s {pct(v, 0.99):.0f}" for w, v in sorted(windows.items())))
         worst = max(windows, key=lambda w: pct(windows[w], 0.99))
-        in_worst = [x for x in stages if len(x) == 7 and int((x[6] - start) // 2) == worst]
+        in_worst = [x for x in stages if len(x) == len(names) + 2 and int((x[-2] - start) // 2) == worst]
         if in_worst:
             print(f"  stages in the worst window ({2 * worst}-{2 * worst + 2} s), p99 ms: " + "; ".join(
                 f"{name} {pct([x[i] for x in in_worst], 0.99):.1f}" for i, name in enumerate(names)))
+            by_type: dict[str, list[list[Any]]] = {}
+            for x in in_worst:
+                by_type.setdefault(str(x[-1]), []).append(x)
+            print("  the worst window by event type (deliveries; created → received p99 ms; its slowest stage): "
+                  + "; ".join(f"{kind} {len(xs)}; {pct([sum(x[:len(names)]) for x in xs], 0.99):.0f}; "
+                              + max(names, key=lambda name: pct([x[names.index(name)] for x in xs], 0.99))
+                              for kind, xs in sorted(by_type.items())))
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,
             "reconnects": report["reconnects"],

@@ -8,6 +8,7 @@ only, never per message (that collapses at 200 clients, DESIGN.md "Live progress
 can also ask again for a range it misses (``resend``).
 """
 
+import time
 from typing import Any
 
 from agentops.asyncdb import BadMessage, JsonConsumer, database_read, message_int
@@ -107,6 +108,7 @@ class SessionConsumer(JsonConsumer):
             live["announced_at"] = message["announced_at"]
         if "stages" in message:  # AGENTOPS_PUSH_TIMINGS: the sender's stages (committed, picked, listened, rendered)
             live["stages"] = message["stages"]
+            live["forwarded_at"] = time.time()  # and this process's: when its consumer took the message
         async for out in self.feed.live(live):
             await self.send_json(out)
 

@@ -1,5 +1,6 @@
 """ws/sessions/<id>/: authentication, backlog by seq, live forwarding without database reads, resend."""
 
+import time
 from typing import Any
 
 import pytest
@@ -130,6 +131,27 @@ async def test_a_batch_of_live_events_is_forwarded_one_by_one_in_order_without_d
     await get_channel_layer().group_send(f"session.{session.id}", {"type": "event.message", **after})
     # Nothing else came between; the sender's announcement time goes along.
     assert await comm.receive_json_from(timeout=5) == {"type": "event", **after}
+    await comm.disconnect()
+
+
+async def test_a_timed_announcement_gets_the_time_the_consumer_took_it() -> None:
+    """AGENTOPS_PUSH_TIMINGS: an announcement with the sender's stages gets this process's own
+    stage (when its consumer took it from the layer), between the sender's time and now."""
+    owner, session = await make_session()
+    comm = await communicator(f"/ws/sessions/{session.id}/", owner)
+    await comm.connect()
+    await comm.send_json_to({"type": "hello", "last_seq": 3})
+    event = {"seq": 4, "type": "tool.progress", "session_id": str(session.id), "payload": {}}
+    sent = time.time()
+    await get_channel_layer().group_send(f"session.{session.id}", {
+        "type": "event.message", "event": event, "html": "", "announced_at": sent, "stages": [1.0, 2.0, 3.0, 4.0]})
+    timed = await comm.receive_json_from(timeout=5)
+    assert timed["stages"] == [1.0, 2.0, 3.0, 4.0] and timed["announced_at"] == sent
+    assert sent <= timed["forwarded_at"] <= time.time()
+    # Without the sender's stages (timings off) there is no stage of its own either.
+    await get_channel_layer().group_send(f"session.{session.id}", {
+        "type": "event.message", "event": {**event, "seq": 5}, "html": "", "announced_at": sent})
+    assert "forwarded_at" not in await comm.receive_json_from(timeout=5)
     await comm.disconnect()
 
 
