@@ -271,6 +271,13 @@ def push_summary(report: dict[str, Any], created_by: float) -> dict[str, Any]:
                               + max(names, key=lambda name: pct([x[names.index(name)] for x in xs], 0.99))
                               for kind, xs in sorted(by_type.items())))
     after = [ms for t, ms in zip(at, lat, strict=True) if t > created_by] if len(at) == len(lat) else []
+    opening = report.get("opening_ms") or []
+    if opening:  # the events before a watcher's hello come in its backlog, outside the latencies
+        print("  watchers' WebSockets, from the session handed over: open p50 / p99 "
+              f"{pct([o for o, _ in opening], 0.5):.0f} / {pct([o for o, _ in opening], 0.99):.0f} ms, "
+              f"first message (the backlog) {pct([f for _, f in opening], 0.5):.0f} / "
+              f"{pct([f for _, f in opening], 0.99):.0f} ms; live deliveries per watcher "
+              f"{len(lat) / max(1, report['clients']):.1f}")
     return {"clients": report["clients"], "deliveries": len(lat), "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
             "after_creation": (len(after), pct(after, 0.5), pct(after, 0.99)),
             "max": max(lat) if lat else float("nan"), "gaps_replayed": report["gaps"], "lost": lost,
