@@ -14,6 +14,8 @@ import uuid
 from typing import Any
 
 from django.template.loader import get_template, render_to_string
+from django.urls import get_resolver
+from django.utils import formats
 from django.utils.html import escape
 
 from approvals_app import selectors as approval_selectors
@@ -56,9 +58,17 @@ def warm_up(recent: int = 40) -> None:
     templates (and load their tags), fill the URL resolver, compile the batch reads, and render
     the ``recent`` newest stored events (their fragments are thrown away). An announcer that
     started cold took hundreds of milliseconds over its first batch: the load proof's first
-    deliveries were its slowest."""
+    deliveries were its slowest.
+
+    The resolver is filled here even when nothing is stored yet (a new install, the benchmark's
+    fresh database): the fragments' ``{% url %}`` tags otherwise filled it on the first render,
+    ~50 ms of CPU, and each of a web process's read threads that rendered before it was filled
+    filled it again; six WebSockets opened at once on a busy machine read their backlogs in ~1 s
+    each (bench/concurrency.py, N = 300 with 200 watchers)."""
     for name in TEMPLATES:
         get_template(f"dashboard/{name}")
+    get_resolver().reverse_dict  # noqa: B018 (the property fills the resolver's tables for reverse())
+    formats.get_format("DATETIME_FORMAT")  # the locale's formats module, imported on first use
     selectors.live_rows(step_ids=[uuid.uuid4()], turn_ids=[uuid.uuid4()], session_ids=[uuid.uuid4()])
     render_event_fragments(selectors.newest_events(recent))
 

@@ -480,6 +480,33 @@ def test_a_warmed_up_renderer_compiles_nothing_on_its_first_batch(
         assert not [c for c in compiled if c.startswith("template")]
 
 
+def test_a_renderer_warmed_up_on_an_empty_database_fills_the_url_resolver_once(
+        operator: User, agent: AgentProfile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing stored yet to render (a new install): ``warm_up`` still fills the resolver, so the
+    first batch's ``{% url %}`` tags do not (each read thread that rendered first used to)."""
+    from django.urls import clear_url_caches
+    from django.urls.resolvers import URLResolver
+
+    from sessions_app import fragments
+
+    assert not Event.objects.exists()
+    clear_url_caches()  # a fresh process's resolver
+    fragments.warm_up()
+    filled: list[str] = []
+    real_populate = URLResolver._populate
+
+    def populate(self: URLResolver) -> None:
+        filled.append(str(self.urlconf_name))
+        real_populate(self)
+
+    monkeypatch.setattr(URLResolver, "_populate", populate)
+    session = factories.session(agent=agent, owner=operator)
+    add_turn_with_steps(session, steps=2)
+    htmls = fragments.render_event_fragments([e.as_dict() for e in Event.objects.filter(session=session)])
+    assert any('data-target="#sidebar"' in html for html in htmls)
+    assert filled == []
+
+
 def test_a_web_process_warms_up_when_imported_by_its_server_not_inside_a_loop(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``agentops.asgi`` warms the fragments up as daphne imports it (before its loop runs); imported
