@@ -252,6 +252,9 @@ class Listener:
 
 
 def pct(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``samples``; NaN when there are none."""
+    if not samples:
+        return float("nan")
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
