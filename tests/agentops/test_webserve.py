@@ -1,6 +1,7 @@
 """``python -m agentops.webserve``: a web host's daphnes on one port, as the README's layout runs them."""
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -26,9 +27,15 @@ def _env() -> dict[str, str]:
             "AGENTOPS_DB_POOL_SIZE": "4", "PYTHONUNBUFFERED": "1"}
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(*args: str, open_files: int | None = None) -> subprocess.Popen[str]:
+    """The server; ``open_files``: the soft limit of open files it (and so its daphnes) starts with."""
+    def limit() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     return subprocess.Popen([sys.executable, "-m", "agentops.webserve", *args], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=limit)
 
 
 def _daphnes(parent: subprocess.Popen[str]) -> dict[int, psutil.Process]:
@@ -101,6 +108,29 @@ def _get(http: httpx.Client, path: str) -> httpx.Response | None:
         return http.get(path)
     except httpx.TransportError:
         return None
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1000,
+                    reason="needs a hard limit of open files of at least 1,000")
+def test_a_daphne_started_with_a_low_soft_limit_of_open_files_still_takes_hundreds_of_connections(
+        transactional_db: None, stopped: list[subprocess.Popen[str]]) -> None:
+    """Most shells and systemd start a process with a soft limit of 1,024 open files: a daphne
+    holding that many WebSockets stopped accepting. Started here with 64, it raises its own."""
+    token = api_token(factories.user("webserve-fd", groups=["operators"]))
+    port = free_port()
+    server = _start("--port", str(port), "--processes", "1", open_files=64)
+    stopped.append(server)
+    daphne = wait_for(lambda: next(iter(_daphnes(server).values()), None), timeout=30, what="the daphne")
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _get(httpx.Client(base_url=url, timeout=5), "/healthz"), timeout=60, what="an answer")
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(150)]
+    try:
+        wait_for(lambda: daphne.num_fds() > 150, timeout=30, what="the daphne holding the 150 connections")
+        answer = httpx.get(url + "/api/agents", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert answer.status_code == 200
+    finally:
+        for conn in held:
+            conn.close()
 
 
 def test_daphnes_that_keep_failing_at_start_stop_the_server_with_their_reason(

@@ -6,8 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from agentops.runtime import tune_gc
+from agentops.runtime import open_files_raise, tune_gc
 from sessions_app.engine.gateway import Gateway
+
+FILES_BESIDES_CALLS = 100  # the gateway's other descriptors: its database pool, Redis, logs, the interpreter's
 
 
 class Command(BaseCommand):
@@ -21,6 +23,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         gateway = Gateway(concurrency=options["concurrency"], db_threads=options["db_threads"])
+        files = open_files_raise()  # a socket per call in flight
+        if 0 < files < gateway.concurrency + FILES_BESIDES_CALLS:
+            fits = max(1, files - FILES_BESIDES_CALLS)
+            self.stderr.write(f"model gateway: {gateway.concurrency} calls in flight need about "
+                              f"{gateway.concurrency + FILES_BESIDES_CALLS} open files and this process may open "
+                              f"{files}; making {fits} at once (raise the hard limit: systemd LimitNOFILE=, "
+                              "ulimit -Hn)")
+            gateway.concurrency = fits
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
