@@ -93,6 +93,9 @@ def generate(size: Size) -> dict[str, int]:
                    %(team)s, 0, false, false
             FROM gen_session""", params)
         cur.execute("""
+            INSERT INTO sessions_app_sessiontitle (session_id, title)
+            SELECT s.id, s.title FROM sessions_app_agentsession s JOIN gen_session g ON g.id = s.id""")
+        cur.execute("""
             CREATE TEMP TABLE gen_turn ON COMMIT DROP AS
             SELECT s.n, s.id AS session_id, gen_random_uuid() AS id, i AS index, s.turns,
                    CASE WHEN i < s.turns THEN 'completed'

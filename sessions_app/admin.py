@@ -1,6 +1,10 @@
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from agentops.admin import ReadOnlyAdmin
+from sessions_app import services
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
 
@@ -28,11 +32,14 @@ class AgentSessionAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "agent", "owner", "status", "tool_calls", "model_calls", "last_event_at",
                     "created_at"]
     list_filter = ["status", "team", "agent"]
-    search_fields = ["id", "title", "owner__username"]
+    search_fields = ["id", "search_title__title", "owner__username"]  # the title through its trigram index
     list_select_related = ["agent", "owner"]
     readonly_fields = ["id", "status", "last_seq", "last_event_at", "tool_calls", "model_calls", "prompt_tokens",
                        "completion_tokens", "wall_seconds", "workspace", "created_at", "updated_at"]
     inlines = [TurnInline]
+
+    def save_model(self, request: HttpRequest, obj: AgentSession, form: Any, change: bool) -> None:
+        services.session_admin_save(obj, fields=form.changed_data if change else None)
 
 
 @admin.register(Turn)

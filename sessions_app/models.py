@@ -174,6 +174,24 @@ class AgentSession(StateMachine, models.Model):
         return not (isinstance(environment, dict) and environment.get("type") == "none")
 
 
+class SessionTitle(models.Model):
+    """A session's title as the session search reads it, in a row of its own (none for no title).
+
+    The session row is rewritten with every event (``last_seq``, the counters); on PostgreSQL a
+    rewrite that is not a HOT update enters the new row version into every index of the table, and
+    the title's trigram index (migration 0004) took ~20 entries and ~10 KB of WAL each time: 6,000
+    such updates of the benchmark's sessions wrote 71 MB of WAL with it, 5-10 MB without. Here the
+    trigram index (migration 0010) is written when the title is: at the session's start
+    (``services``) and on an edit in the admin."""
+
+    session = models.OneToOneField(AgentSession, on_delete=models.CASCADE, primary_key=True,
+                                   related_name="search_title")
+    title = models.CharField(max_length=200)
+
+    def __str__(self) -> str:
+        return self.title
+
+
 class TurnStatus(models.TextChoices):
     QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"

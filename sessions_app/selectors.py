@@ -22,7 +22,7 @@ from agentops.domain import InvalidArguments, NotFound
 from agentops.models import Team
 from agentops.prepared import Prepared, all_together
 from agentops.teams import OPERATE_ROLES, is_active, member_teams, require_team_role, scope
-from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, SessionTitle, Step, Turn
 
 M = TypeVar("M", bound=Model)
 
@@ -138,10 +138,11 @@ def sessions_list(*, user: Any, status: str | None = None, agent: str | None = N
         qs = qs.filter(batch_member__batch_id=batch_id) if batch_id else qs.none()
     if q:
         # Two sets of ids, not a correlated EXISTS nor a LIKE per row: PostgreSQL finds the matching
-        # titles and turns once each through their trigram indexes (migrations 0004, 0009) and tests
-        # each session against both hashed sets, so the newest page stops at its 25th match. (A
-        # UNION of the two sets sorted every match before the page: 30 ms for a common word.)
-        titles = AgentSession.objects.filter(title__icontains=q).order_by().values("pk")
+        # titles (a table of their own, SessionTitle) and turns once each through their trigram
+        # indexes (migrations 0004, 0009, 0010) and tests each session against both hashed sets, so
+        # the newest page stops at its 25th match. (A UNION of the two sets sorted every match
+        # before the page: 30 ms for a common word.)
+        titles = SessionTitle.objects.filter(title__icontains=q).order_by().values("session_id")
         inputs = Turn.objects.filter(input__icontains=q).order_by().values("session_id")
         qs = qs.filter(Q(pk__in=titles) | Q(pk__in=inputs))
     return qs

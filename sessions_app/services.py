@@ -5,7 +5,7 @@ when the row is already in the target status, refuses an illegal move with ``Inv
 (409) and records its event in the same transaction. Claims are transitions too: a conditional
 update that only one caller wins, checked against the step's ``TRANSITIONS`` first.
 
-Kept together (~500 lines) because every writer here takes the one lock order and the guarded
+Kept together (~570 lines) because every writer here takes the one lock order and the guarded
 transition; the integrations' agent profiles live apart in ``sessions_app.agent_profiles``.
 """
 
@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +30,15 @@ from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app import hooks
 from sessions_app.events import event_record, events_record_first
 from sessions_app.locks import session_lock
-from sessions_app.models import SESSION_STATUS_OF_TURN, AgentProfile, AgentSession, Artifact, Step, Turn
+from sessions_app.models import (
+    SESSION_STATUS_OF_TURN,
+    AgentProfile,
+    AgentSession,
+    Artifact,
+    SessionTitle,
+    Step,
+    Turn,
+)
 
 M = TypeVar("M", AgentSession, Turn, Step)
 TURN_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED)
@@ -207,9 +215,33 @@ def session_create(*, agent: AgentProfile, owner: User, title: str = "",
     """Create an idle session from an agent profile."""
     session = _session_row(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget, metadata=metadata)
     session.save(force_insert=True)
+    _title_insert(session)
     event_record(session_id=session.id, type="session.created",
                  payload={"agent": agent.slug, "title": session.title, "owner": owner.get_username()})
     return session
+
+
+def _title_insert(session: AgentSession) -> None:
+    """A new session's title row for the search (``SessionTitle``; none for no title)."""
+    if session.title:
+        SessionTitle(session_id=session.pk, title=session.title).save(force_insert=True)
+
+
+@transaction.atomic
+def session_admin_save(session: AgentSession, *, fields: Sequence[str] | None) -> None:
+    """An admin's edit of a session: only ``fields``, the ones the form changed, are written (None:
+    a session the admin adds, every field). The engine rewrites the row's seq and counters with
+    every event; saving the whole row put back the ones the form had read (seqs given again, the
+    events' unique key refusing them). The title's search row follows the title."""
+    if fields is None:
+        session.save()
+    elif fields:
+        session.save(update_fields=list(fields))
+    if fields is None or "title" in fields:
+        if session.title:
+            SessionTitle.objects.update_or_create(session_id=session.pk, defaults={"title": session.title})
+        else:
+            SessionTitle.objects.filter(session_id=session.pk).delete()
 
 
 PINNED_FIELDS = ("requirements", "prohibitions", "acceptance_criteria")
@@ -274,6 +306,7 @@ def session_create_with_turn(*, agent: AgentProfile, owner: User, input: str, ti
     session.status = SESSION_STATUS_OF_TURN[Turn.Status.QUEUED]
     session.last_seq, session.last_event_at = 3, timezone.now()
     session.save(force_insert=True)
+    _title_insert(session)
     turn = Turn(session=session, index=1, input=input, created_by=owner, idempotency_key=idempotency_key)
     turn.save(force_insert=True)
     events_record_first(session=session, events=[
