@@ -77,6 +77,18 @@ class Sampler(threading.Thread):
             conn.close()
 
 
+def cpu_by_pid(by_name: dict[str, list[Any]]) -> dict[int, float]:
+    return {p.pid: cpu_seconds([p]) for procs in by_name.values() for p in procs}
+
+
+def cpu_split_since(stack: _stack.Stack, before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds per role since ``before`` (``cpu_by_pid``): the processes running now, those that
+    started meanwhile counted whole (PostgreSQL's backends for the pools' new connections, most of
+    them: counting only the processes seen at the start missed their CPU)."""
+    return {name: round(sum(cpu_seconds([p]) - before.get(p.pid, 0.0) for p in procs), 1)
+            for name, procs in stack.processes_by_name().items()}
+
+
 def cpu_seconds(processes: list[Any]) -> float:
     total = 0.0
     for p in processes:
@@ -115,9 +127,8 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     log_after = stack.model_log()[-1]["seq"] if stack.model_stats()["answered"] else 0
     sampler = Sampler(stack, database if database.startswith("postgres") else None)
     processes = stack.product_processes()
-    by_name = stack.processes_by_name()
     cpu_before = cpu_seconds(processes)
-    cpu_by_name = {name: cpu_seconds(procs) for name, procs in by_name.items()}
+    cpu_by_pid_before = cpu_by_pid(stack.processes_by_name())
 
     async def clients() -> None:
         """32 concurrent API clients, as coroutines of one loop: the load generator shares the
@@ -172,7 +183,7 @@ def run_sessions(stack: _stack.Stack, n: int, *, agent_slug: str, token: str, da
     sampler.stopping.set()
     sampler.join()
     cpu = cpu_seconds(processes) - cpu_before
-    cpu_split = {name: round(cpu_seconds(procs) - cpu_by_name[name], 1) for name, procs in by_name.items()}
+    cpu_split = cpu_split_since(stack, cpu_by_pid_before)
     times = sorted(f - started for f, _ in finished)
     wall = times[-1] if times else float("nan")
     statuses = Counter(status for _, status in finished)
