@@ -231,8 +231,9 @@ def _title_insert(session: AgentSession) -> None:
 def session_admin_save(session: AgentSession, *, fields: Sequence[str] | None) -> None:
     """An admin's edit of a session: only ``fields``, the ones the form changed, are written (None:
     a session the admin adds, every field). The engine rewrites the row's seq and counters with
-    every event; saving the whole row put back the ones the form had read (seqs given again, the
-    events' unique key refusing them). The title's search row follows the title."""
+    every event; saving the whole row put back the values read when the edit was posted, so an
+    event written in between had its seq given again (the events' unique key then refused the
+    next record). The title's search row follows the title."""
     if fields is None:
         session.save()
     elif fields:

@@ -29,7 +29,7 @@ def test_an_admin_edit_writes_what_it_changed_not_the_seq_the_engine_wrote_meanw
                                                                                       agent: AgentProfile) -> None:
     session = factories.session(agent=agent, owner=operator, title="Refund for order 1182")
     boss = factories.user("boss", is_staff=True, is_superuser=True)
-    read = AgentSession.objects.get(pk=session.pk)  # the admin opens the change form
+    read = AgentSession.objects.get(pk=session.pk)  # the change view reads the row for the posted edit
     event_record(session_id=session.pk, type="session.note", payload={})  # the engine writes meanwhile
     event_record(session_id=session.pk, type="session.note", payload={})
 
@@ -37,7 +37,7 @@ def test_an_admin_edit_writes_what_it_changed_not_the_seq_the_engine_wrote_meanw
 
     session.refresh_from_db()
     assert session.title == "Refund for order 1183"
-    assert session.last_seq == read.last_seq + 2  # a whole-row save put back the seq the form had read
+    assert session.last_seq == read.last_seq + 2  # a whole-row save put back the seq it had read
     event_record(session_id=session.pk, type="session.note", payload={})  # and the next event has a seq of its own
     assert [s.id for s in sessions_list(user=operator, q="order 1183")] == [session.pk]
     assert not sessions_list(user=operator, q="order 1182").exists()
