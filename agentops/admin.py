@@ -6,6 +6,30 @@ from django.http import HttpRequest
 from agentops.models import ApiToken, Team, TeamMembership
 
 
+def changed_fields(obj: Any, form: Any) -> list[str]:
+    """The columns an admin form changed, for ``save(update_fields=…)``: its changed data that are
+    concrete fields of the model (a many-to-many one is saved by ``save_related``), with the
+    model's ``auto_now`` fields (``updated_at``); none when nothing changed."""
+    concrete = {f.name: f for f in obj._meta.concrete_fields}
+    fields = [name for name in form.changed_data if name in concrete]
+    if not fields:
+        return []
+    return [*fields, *(name for name, f in concrete.items() if getattr(f, "auto_now", False) and name not in fields)]
+
+
+class ChangedFieldsAdmin(admin.ModelAdmin):
+    """An edit writes only the columns its form changed. The change view reads the row when the
+    edit is posted and saved all of it: a service's write in between (a runner revoked, a token
+    revoked by its owner, a server's health check) was put back as it had been read, and a runner
+    revoked at that moment came back online with its token valid."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+        elif fields := changed_fields(obj, form):
+            obj.save(update_fields=fields)
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """An audit trail: visible, never edited or deleted from the admin."""
 
@@ -20,7 +44,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ChangedFieldsAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "user__username", "name"]

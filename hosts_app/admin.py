@@ -1,10 +1,11 @@
 from django.contrib import admin
 
+from agentops.admin import ChangedFieldsAdmin
 from hosts_app.models import AgentHostPolicy, RunnerResult, SandboxHost, SessionPlacement
 
 
 @admin.register(SandboxHost)
-class SandboxHostAdmin(admin.ModelAdmin):
+class SandboxHostAdmin(ChangedFieldsAdmin):
     list_display = ["name", "kind", "pool", "status", "capacity", "team", "last_heartbeat_at"]
     list_filter = ["kind", "pool", "status"]
     # Status moves through the services (heartbeat, sweep, revoke); the token is never shown.

@@ -2,6 +2,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from agentops.admin import ChangedFieldsAdmin
 from mcp_app.models import McpServer, McpTool
 from mcp_app.services import mcp_server_refresh, mcp_tools_apply_suggested_modes
 
@@ -18,7 +19,7 @@ class McpToolInline(admin.TabularInline):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(ChangedFieldsAdmin):
     """Each tool's approval mode is set on its Tool definition (the suggestion is shown here)."""
 
     list_display = ["name", "team", "transport", "enabled", "status", "status_message", "checked_at"]

@@ -3,7 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from agentops.admin import ReadOnlyAdmin
+from agentops.admin import ReadOnlyAdmin, changed_fields
 from sessions_app import services
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
@@ -39,7 +39,7 @@ class AgentSessionAdmin(admin.ModelAdmin):
     inlines = [TurnInline]
 
     def save_model(self, request: HttpRequest, obj: AgentSession, form: Any, change: bool) -> None:
-        services.session_admin_save(obj, fields=form.changed_data if change else None)
+        services.session_admin_save(obj, fields=changed_fields(obj, form) if change else None)
 
 
 @admin.register(Turn)

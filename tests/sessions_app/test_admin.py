@@ -1,28 +1,12 @@
 """The sessions' admin: an edit writes what the form changed, and the title search follows it."""
 
-from typing import Any
-
-from django.contrib import admin
 from django.contrib.auth.models import User
-from django.test import RequestFactory
 
 from sessions_app.events import event_record
 from sessions_app.models import AgentProfile, AgentSession, SessionTitle
 from sessions_app.selectors import sessions_list
 from tests import factories
-
-
-def _admin_edit(session_id: Any, editor: User, read: AgentSession, **changes: Any) -> None:
-    """What the change view does with a form that was filled from ``read``, then edited."""
-    model_admin = admin.site._registry[AgentSession]
-    request = RequestFactory().post(f"/admin/sessions_app/agentsession/{session_id}/change/")
-    request.user = editor
-    form_class = model_admin.get_form(request, read, change=True)
-    shown = form_class(instance=read)
-    data = {name: value for name in shown.fields if (value := shown[name].value()) is not None}
-    form = form_class({**data, **changes}, instance=read)
-    assert form.is_valid(), form.errors
-    model_admin.save_model(request, form.save(commit=False), form, change=True)
+from tests.helpers import admin_edit
 
 
 def test_an_admin_edit_writes_what_it_changed_not_the_seq_the_engine_wrote_meanwhile(operator: User,
@@ -33,7 +17,7 @@ def test_an_admin_edit_writes_what_it_changed_not_the_seq_the_engine_wrote_meanw
     event_record(session_id=session.pk, type="session.note", payload={})  # the engine writes meanwhile
     event_record(session_id=session.pk, type="session.note", payload={})
 
-    _admin_edit(session.pk, boss, read, title="Refund for order 1183")
+    admin_edit(read, boss, title="Refund for order 1183")
 
     session.refresh_from_db()
     assert session.title == "Refund for order 1183"
@@ -49,9 +33,9 @@ def test_an_admin_edit_that_clears_the_title_removes_it_from_the_search(operator
     assert SessionTitle.objects.filter(session=session).exists()
     boss = factories.user("boss", is_staff=True, is_superuser=True)
 
-    _admin_edit(session.pk, boss, AgentSession.objects.get(pk=session.pk), title="")
+    admin_edit(AgentSession.objects.get(pk=session.pk), boss, title="")
 
     assert not SessionTitle.objects.filter(session=session).exists()
     assert not sessions_list(user=operator, q="audit").exists()
-    _admin_edit(session.pk, boss, AgentSession.objects.get(pk=session.pk), title="Audit, again")
+    admin_edit(AgentSession.objects.get(pk=session.pk), boss, title="Audit, again")
     assert [s.title for s in sessions_list(user=operator, q="audit")] == ["Audit, again"]
