@@ -1,9 +1,11 @@
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from agentops.models import ApiToken, Team, TeamMembership
+from agentops.services import api_tokens_revoke
 
 
 def changed_fields(obj: Any, form: Any) -> list[str]:
@@ -45,10 +47,19 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(ChangedFieldsAdmin):
+    """A token is revoked by the action (or ``agentops_token USER --revoke PREFIX``), for good:
+    ``revoked_at`` is read-only, so no edit can make a revoked token valid again."""
+
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "user__username", "name"]
-    readonly_fields = ["prefix", "token_sha256", "created_at", "last_used_at"]
+    readonly_fields = ["prefix", "token_sha256", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_tokens"]
+
+    @admin.action(description="Revoke the selected tokens (for good)")
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = api_tokens_revoke(queryset)
+        self.message_user(request, f"{revoked} token(s) revoked; {queryset.count() - revoked} already were.")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tokens are minted with `manage.py agentops_token`, shown once

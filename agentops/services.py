@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group, User
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from agentops.domain import InvalidArguments, NotFound
@@ -14,6 +15,7 @@ from agentops.models import ApiToken, Team, TeamMembership, TeamRole
 from agentops.selectors import TOKEN_PREFIX, api_token_get, token_sha256
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+SHOWN_PREFIX = 12  # the characters of a token kept in clear (ApiToken.prefix), to recognise it
 
 
 def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
@@ -23,8 +25,15 @@ def api_token_create(*, username: str, name: str = "") -> tuple[ApiToken, str]:
     except get_user_model().DoesNotExist as exc:
         raise NotFound(f"No user {username!r}") from exc
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_sha256=token_sha256(token))
+    row = ApiToken.objects.create(user=user, name=name, prefix=token[:SHOWN_PREFIX], token_sha256=token_sha256(token))
     return row, token
+
+
+def api_tokens_revoke(tokens: "QuerySet[ApiToken]") -> int:
+    """Revoke these tokens, for good: the next request with one is refused, and nothing makes a
+    revoked token valid again (the admin shows ``revoked_at`` read-only). Returns how many were
+    still valid."""
+    return tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
 def api_token_authenticate(token: str) -> AbstractBaseUser | None:

@@ -7,9 +7,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from agentops.models import ApiToken
-from agentops.services import api_token_authenticate
+from agentops.services import api_token_authenticate, api_token_create
 from tests import factories
-from tests.helpers import api_client, login
+from tests.helpers import admin_edit, api_client, login
 
 
 @pytest.mark.django_db
@@ -29,6 +29,47 @@ def test_agentops_token_unknown_user_fails_clearly() -> None:
     with pytest.raises(CommandError, match="No user 'ghost'"):
         call_command("agentops_token", "ghost")
     assert ApiToken.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_agentops_token_revokes_by_prefix_for_good(capsys: pytest.CaptureFixture[str]) -> None:
+    user = factories.user("integration", groups=["operators"])
+    call_command("agentops_token", "integration", "--name", "ci")
+    kept_token = capsys.readouterr().out.strip()
+    call_command("agentops_token", "integration", "--name", "laptop")
+    token = capsys.readouterr().out.strip()
+    assert Client().get("/api/agents", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+    call_command("agentops_token", "integration", "--revoke", token)  # the token itself, or its first characters
+    assert "1 token(s) of integration revoked; 0 already were." in capsys.readouterr().err
+    response = Client().get("/api/agents", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 401
+    assert api_token_authenticate(kept_token) == user  # the user's other token still works
+    call_command("agentops_token", "integration", "--revoke", token[:8])
+    assert "0 token(s) of integration revoked; 1 already were." in capsys.readouterr().err
+    with pytest.raises(CommandError, match="has no token starting with 'aop_nope'"):
+        call_command("agentops_token", "integration", "--revoke", "aop_nope")
+    with pytest.raises(CommandError, match="at least the first 6 characters"):
+        call_command("agentops_token", "integration", "--revoke", "aop")
+
+
+@pytest.mark.django_db
+def test_the_admin_revokes_tokens_by_its_action_and_no_edit_brings_one_back() -> None:
+    user = factories.user("integration")
+    boss = factories.user("boss", is_staff=True, is_superuser=True)
+    row, token = api_token_create(username="integration", name="ci")
+    client = login(boss)
+    response = client.post("/admin/agentops/apitoken/", {"action": "revoke_tokens", "_selected_action": [row.pk]},
+                           follow=True)
+    assert "1 token(s) revoked; 0 already were." in response.content.decode()
+    assert api_token_authenticate(token) is None
+
+    page = client.get(f"/admin/agentops/apitoken/{row.pk}/change/").content.decode()
+    assert 'name="revoked_at' not in page  # shown, not editable
+    admin_edit(ApiToken.objects.get(pk=row.pk), boss, name="ci-renamed", revoked_at="")
+    after = ApiToken.objects.get(pk=row.pk)
+    assert after.name == "ci-renamed" and after.revoked_at is not None
+    assert api_token_authenticate(token) is None and user.is_active
 
 
 @pytest.mark.django_db
