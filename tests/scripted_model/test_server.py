@@ -12,6 +12,7 @@ from openai import OpenAI
 
 from scripted_model.server import start_in_thread
 from tests.scripted_model.chat import ask
+from tests.waiting import wait_for
 
 
 def test_scripted_model_serves_requests_concurrently(client: OpenAI) -> None:
@@ -90,6 +91,9 @@ def test_scripted_model_connections_send_without_waiting_for_acks() -> None:
     try:
         with OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as client:
             answer = ask(client, [{"role": "user", "content": "say hi"}])
+        # The client closed its connection; the handler's thread (a daemon: server_close does not
+        # wait for it) leaves its keep-alive loop a moment later.
+        wait_for(lambda: seen, timeout=10, what="the connection's handler to finish")
     finally:
         server.shutdown()
         server.server_close()
