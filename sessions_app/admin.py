@@ -3,7 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from agentops.admin import ReadOnlyAdmin, changed_fields
+from agentops.admin import ChangedFieldsAdmin, ReadOnlyAdmin
 from sessions_app import services
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
@@ -28,7 +28,7 @@ class TurnInline(admin.TabularInline):
 
 
 @admin.register(AgentSession)
-class AgentSessionAdmin(admin.ModelAdmin):
+class AgentSessionAdmin(ChangedFieldsAdmin):
     list_display = ["id", "title", "agent", "owner", "status", "tool_calls", "model_calls", "last_event_at",
                     "created_at"]
     list_filter = ["status", "team", "agent"]
@@ -39,7 +39,12 @@ class AgentSessionAdmin(admin.ModelAdmin):
     inlines = [TurnInline]
 
     def save_model(self, request: HttpRequest, obj: AgentSession, form: Any, change: bool) -> None:
-        services.session_admin_save(obj, fields=changed_fields(obj, form) if change else None)
+        """Only the changed columns (the engine rewrites the seq and counters with every event: a
+        whole-row save put back those read when the edit was posted), then the title's search row.
+        The change view runs both in one transaction."""
+        super().save_model(request, obj, form, change)
+        if not change or "title" in form.changed_data:
+            services.session_title_index(obj)
 
 
 @admin.register(Turn)

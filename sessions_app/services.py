@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -227,22 +227,13 @@ def _title_insert(session: AgentSession) -> None:
         SessionTitle(session_id=session.pk, title=session.title).save(force_insert=True)
 
 
-@transaction.atomic
-def session_admin_save(session: AgentSession, *, fields: Sequence[str] | None) -> None:
-    """An admin's edit of a session: only ``fields``, the ones the form changed, are written (None:
-    a session the admin adds, every field). The engine rewrites the row's seq and counters with
-    every event; saving the whole row put back the values read when the edit was posted, so an
-    event written in between had its seq given again (the events' unique key then refused the
-    next record). The title's search row follows the title."""
-    if fields is None:
-        session.save()
-    elif fields:
-        session.save(update_fields=list(fields))
-    if fields is None or "title" in fields:
-        if session.title:
-            SessionTitle.objects.update_or_create(session_id=session.pk, defaults={"title": session.title})
-        else:
-            SessionTitle.objects.filter(session_id=session.pk).delete()
+def session_title_index(session: AgentSession) -> None:
+    """The session's title row for the search (``SessionTitle``) as the title now is: after an
+    edit in the admin (which writes only the columns its form changed, ``ChangedFieldsAdmin``)."""
+    if session.title:
+        SessionTitle.objects.update_or_create(session_id=session.pk, defaults={"title": session.title})
+    else:
+        SessionTitle.objects.filter(session_id=session.pk).delete()
 
 
 PINNED_FIELDS = ("requirements", "prohibitions", "acceptance_criteria")
