@@ -203,3 +203,15 @@ def admin_edit(read: Any, editor: User, **changes: Any) -> None:
     form = form_class({**data, **changes}, instance=read)
     assert form.is_valid(), form.errors
     model_admin.save_model(request, form.save(commit=False), form, change=True)
+
+
+# The hard limit of open files the open-files tests give their child processes: Linux's own default
+# (and below systemd's), so a test runs the same on any host rather than on the one's it inherits.
+CHILD_OPEN_FILES_HARD = 4096
+
+
+def open_files_limited(soft: int, hard: int = CHILD_OPEN_FILES_HARD) -> Callable[[], None]:
+    """A child's ``preexec_fn``: start it with ``soft`` open files and a hard limit of ``hard``."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -1,7 +1,6 @@
 """The long-running processes' tuning (agentops/runtime.py): the open files' soft limit."""
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -11,10 +10,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.helpers import database_url
+from tests.helpers import CHILD_OPEN_FILES_HARD, database_url, open_files_limited
 
 ROOT = Path(__file__).resolve().parents[2]
-HARD = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+HARD = CHILD_OPEN_FILES_HARD
 
 OPEN_SOCKETS = """
 import socket, sys
@@ -33,16 +32,10 @@ else:
 """
 
 
-def limited(soft: int, hard: int | None = None) -> Callable[[], None]:
-    """A child's preexec_fn: start it with ``soft`` open files (and ``hard``, else the current hard limit)."""
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, HARD if hard is None else hard))
-
-
-@pytest.mark.skipif(HARD < 1000, reason="needs a hard limit of open files of at least 1,000")
 @pytest.mark.parametrize("raise_first", [False, True])
 def test_a_process_started_with_a_low_soft_limit_raises_it_to_the_hard_one(raise_first: bool) -> None:
     out = subprocess.run([sys.executable, "-c", OPEN_SOCKETS.format(root=str(ROOT), raise_first=raise_first)],
-                         capture_output=True, text=True, timeout=60, preexec_fn=limited(128)).stdout
+                         capture_output=True, text=True, timeout=60, preexec_fn=open_files_limited(128)).stdout
     if raise_first:
         assert f"soft limit {HARD}" in out and "opened 500" in out, out
     else:  # what a gateway or daphne met before: the soft limit bites long before the hard one
@@ -70,15 +63,14 @@ def _gateway_started(preexec_fn: Callable[[], None]) -> tuple[str, list[list[str
 
 
 def test_a_gateway_whose_hard_limit_is_too_low_makes_fewer_calls_at_once_and_says_why(transactional_db: None) -> None:
-    text, limits = _gateway_started(limited(300, 300))
+    text, limits = _gateway_started(open_files_limited(300, 300))
     assert ("500 calls in flight need about 600 open files and this process may open 300; making 200 at once"
             in text), text
     assert "reading 200 calls at once" in text, text
     assert limits == [["300", "300"]]
 
 
-@pytest.mark.skipif(HARD < 1000, reason="needs a hard limit of open files of at least 1,000")
 def test_a_gateway_raises_its_soft_limit_and_keeps_its_concurrency(transactional_db: None) -> None:
-    text, limits = _gateway_started(limited(256))
+    text, limits = _gateway_started(open_files_limited(256))
     assert "reading 500 calls at once" in text and "making" not in text, text
     assert limits == [[str(HARD), str(HARD)]]

@@ -1,7 +1,6 @@
 """``python -m agentops.webserve``: a web host's daphnes on one port, as the README's layout runs them."""
 
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from django.conf import settings
 
 from agentops.embedded_redis import free_port
 from tests import factories
-from tests.helpers import api_token, database_url
+from tests.helpers import api_token, database_url, open_files_limited
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +28,9 @@ def _env() -> dict[str, str]:
 
 def _start(*args: str, open_files: int | None = None) -> subprocess.Popen[str]:
     """The server; ``open_files``: the soft limit of open files it (and so its daphnes) starts with."""
-    def limit() -> None:
-        if open_files is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
     return subprocess.Popen([sys.executable, "-m", "agentops.webserve", *args], cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=limit)
+                            preexec_fn=None if open_files is None else open_files_limited(open_files))
 
 
 def _daphnes(parent: subprocess.Popen[str]) -> dict[int, psutil.Process]:
@@ -110,8 +105,6 @@ def _get(http: httpx.Client, path: str) -> httpx.Response | None:
         return None
 
 
-@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1000,
-                    reason="needs a hard limit of open files of at least 1,000")
 def test_a_daphne_started_with_a_low_soft_limit_of_open_files_still_takes_hundreds_of_connections(
         transactional_db: None, stopped: list[subprocess.Popen[str]]) -> None:
     """Most shells and systemd start a process with a soft limit of 1,024 open files: a daphne
