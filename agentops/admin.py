@@ -48,12 +48,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(ApiToken)
 class ApiTokenAdmin(ChangedFieldsAdmin):
     """A token is revoked by the action (or ``agentops_token USER --revoke PREFIX``), for good:
-    ``revoked_at`` is read-only, so no edit can make a revoked token valid again."""
+    ``revoked_at`` is read-only, so no edit can make a revoked token valid again. Its user is
+    read-only too: moved to another user, whoever holds it would act as that user."""
 
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "user__username", "name"]
-    readonly_fields = ["prefix", "token_sha256", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["user", "prefix", "token_sha256", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_tokens"]
 
     @admin.action(description="Revoke the selected tokens (for good)")

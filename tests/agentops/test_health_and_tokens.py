@@ -65,10 +65,10 @@ def test_the_admin_revokes_tokens_by_its_action_and_no_edit_brings_one_back() ->
     assert api_token_authenticate(token) is None
 
     page = client.get(f"/admin/agentops/apitoken/{row.pk}/change/").content.decode()
-    assert 'name="revoked_at' not in page  # shown, not editable
-    admin_edit(ApiToken.objects.get(pk=row.pk), boss, name="ci-renamed", revoked_at="")
+    assert 'name="revoked_at' not in page and 'name="user"' not in page  # shown, not editable
+    admin_edit(ApiToken.objects.get(pk=row.pk), boss, name="ci-renamed", revoked_at="", user=boss.pk)
     after = ApiToken.objects.get(pk=row.pk)
-    assert after.name == "ci-renamed" and after.revoked_at is not None
+    assert after.name == "ci-renamed" and after.revoked_at is not None and after.user_id == user.pk
     assert api_token_authenticate(token) is None and user.is_active
 
 
