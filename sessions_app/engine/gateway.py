@@ -256,6 +256,10 @@ class Gateway:
         """Judge the reply's calls that may go to a reviewer against the session's prohibitions
         (``prohibitions.py``); the verdicts ride on the reply into the tool steps."""
         assert self.clients is not None
+        if not convo.session.prohibitions or not reply.tool_calls:
+            # Nothing to judge, known without the database: no trip through the database threads,
+            # whose queue the reply would otherwise wait in twice (here and for its record).
+            return
         calls = await self.db(calls_to_check, convo.session, reply)
         if not calls:
             return

@@ -251,3 +251,36 @@ def test_a_turn_costs_a_fixed_number_of_statements_around_its_model_calls(
     if connection.vendor == "postgresql":
         assert len(answer_only) <= 18, "\n".join(answer_only)
         assert len(with_reads) - len(answer_only) == 3 * 2, "\n".join(with_reads)
+
+
+def test_a_reply_takes_one_trip_through_the_gateways_database_threads(
+        engine_agent: AgentProfile, owner: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy gateway's replies queue for its few database threads: each trip waits behind the
+    others' work. A reply whose session has no prohibitions has nothing to check and makes one
+    trip, its record; with prohibitions, the calls a reviewer may see are picked there first."""
+    from sessions_app.engine import gateway as gateway_module
+    from sessions_app.engine.prohibitions import calls_to_check
+
+    trips: list[str] = []
+    db = gateway_module.Gateway.db
+
+    async def counted(self: gateway_module.Gateway, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await db(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(gateway_module.Gateway, "db", counted)
+    hold_streamed_text(monkeypatch)
+    script = "\n".join([tool("list_files", path=".")] * 2 + ["say done"])
+    session = session_create(agent=engine_agent, owner=owner, title="trips")
+    turn = turn_create(session_id=session.id, input=script, actor=owner)
+    asyncio.run(turn_drive_once(turn.id, db_in_loop=True, session_id=session.id))
+    assert Turn.objects.get(pk=turn.pk).status == "completed"
+    assert trips == ["_tick_and_load", "model_reply_apply", "model_reply_apply", "model_reply_apply"], trips
+
+    trips.clear()
+    session = session_create(agent=engine_agent, owner=owner, title="trips, prohibited",
+                             pinned={"prohibitions": ["Never delete anything."]})
+    turn = turn_create(session_id=session.id, input=script, actor=owner)
+    asyncio.run(turn_drive_once(turn.id, db_in_loop=True, session_id=session.id))
+    assert Turn.objects.get(pk=turn.pk).status == "completed"
+    assert trips.count(calls_to_check.__name__) == 2, trips  # the two replies with calls
