@@ -65,9 +65,12 @@ class NulRefusalMiddleware:
 
 class ApiErrorShapeMiddleware:
     """An API error that never reached the API's handlers (an unknown path under /api/, a method
-    the path does not take) still leaves in the API's ``{"code", "message", "details"}`` shape."""
+    the path does not take, a request Django refused first: a Host not in ALLOWED_HOSTS) still
+    leaves in the API's ``{"code", "message", "details"}`` shape."""
 
-    CODES = {404: ("not_found", "No such API endpoint."),
+    CODES = {400: ("bad_request", "The request was refused before it reached the API (a Host header this "
+                                  "server does not answer to, or a malformed request)."),
+             404: ("not_found", "No such API endpoint."),
              405: ("method_not_allowed", "This endpoint does not take that method.")}
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:

@@ -48,6 +48,8 @@ def cursor_decode(cursor: str, model: type[Model]) -> tuple[datetime, Any]:
             raise ValueError("naive datetime")
         created = created.astimezone(UTC)
         pk = model._meta.pk.to_python(pk_text)
+        if pk is None:  # to_python lets null through; a filter on it raises (a 500 before)
+            raise ValueError("no pk")
         if isinstance(pk, int) and not -BIGINT <= pk < BIGINT:
             raise ValueError("pk out of range")
     except (ValueError, TypeError, OverflowError, binascii.Error, ValidationError) as exc:

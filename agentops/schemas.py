@@ -12,3 +12,8 @@ from pydantic import BaseModel, ConfigDict
 
 class Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+# A request schema's config: a field it does not know is refused (422 naming it), not dropped. A
+# client that sent {"name": ...} to an endpoint that cannot rename got 200 and believed it renamed.
+STRICT_FIELDS = ConfigDict(extra="forbid")

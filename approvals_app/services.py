@@ -270,8 +270,8 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
         raise refusal
     allowed = TOOL_DECISIONS if approval.kind == ApprovalRequest.Kind.TOOL else RECOVERY_DECISIONS
     if decision not in allowed:
-        raise InvalidArguments(f"A {approval.kind} request takes one of {sorted(allowed)}",
-                               details={"field": "decision", "allowed": sorted(allowed)})
+        raise InvalidArguments(f"A {approval.kind} request takes one of {sorted(str(d) for d in allowed)}",
+                               details={"field": "decision", "allowed": sorted(str(d) for d in allowed)})
     if approval.decision == decision and approval.status != Status.PENDING:
         # A replay (double click, a client retrying) changes nothing, but wakes the engine again:
         # the first decision's wake-up may have been lost (Redis down), and a tick is idempotent.

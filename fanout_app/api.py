@@ -8,7 +8,7 @@ from ninja.responses import Status
 from agentops.api import ERRORS
 from agentops.http import AuthedRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, require_perm
-from agentops.schemas import Out
+from agentops.schemas import STRICT_FIELDS, Out
 from fanout_app import batches, selectors
 from sessions_app import selectors as session_selectors
 
@@ -22,6 +22,7 @@ class SubagentsOut(Out):
 
 
 class BatchCreateIn(Schema):
+    model_config = STRICT_FIELDS
     agent: str
     title: str = ""
     rows: list[dict[str, Any]]

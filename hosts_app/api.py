@@ -10,6 +10,7 @@ from agentops.api import ERRORS
 from agentops.domain import NotFound
 from agentops.http import AuthedRequest
 from agentops.models import Team
+from agentops.permissions import VIEW_SESSIONS, require_perm
 from agentops.teams import scope
 from hosts_app import runners, selectors, services
 from hosts_app.models import SandboxHost
@@ -28,11 +29,13 @@ def host_out(h: SandboxHost) -> dict[str, Any]:
 
 @router.get("/hosts", response={200: list[HostOut], **ERRORS})
 def host_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
+    require_perm(request.user, VIEW_SESSIONS)  # their load counts sessions: not for a user with no role
     return [host_out(h) for h in selectors.hosts_visible(request.user)]
 
 
 @router.get("/hosts/{name}", response={200: HostOut, **ERRORS})
 def host_get_api(request: AuthedRequest, name: str) -> dict[str, Any]:
+    require_perm(request.user, VIEW_SESSIONS)
     return host_out(selectors.host_visible_get(user=request.user, name=name))
 
 

@@ -256,8 +256,12 @@ def session_events_create_api(request: AuthedRequest, session_id: str) -> HttpRe
     what the queue needs (``approval_decide``: a reviewer, not the session's owner under four-eyes)."""
     require_perm(request.user, VIEW_SESSIONS)
     session = selectors.session_get(session_id, user=request.user)
-    for event in parse.session_inputs(parse.body(request)):
-        _apply_input(request, session, event)
+    events = parse.session_inputs(parse.body(request))
+    # All or nothing: an event refused after others applied (an unknown tool call after a message)
+    # left the message's turn running, and the SDK's retry of that 400 sent the message again.
+    with transaction.atomic():
+        for event in events:
+            _apply_input(request, session, event)
     return HttpResponse(status=202)
 
 

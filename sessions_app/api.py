@@ -37,7 +37,7 @@ from sessions_app.schemas import (
     TurnOut,
 )
 from sessions_app.services import session_compact_request, session_pinned_update
-from tools_app.selectors import tool_definitions_enabled
+from tools_app.selectors import tool_definitions_visible
 
 router = Router(tags=["sessions"])
 
@@ -126,7 +126,7 @@ def session_pinned_update_api(request: AuthedRequest, session_id: str, payload: 
     """Edit the pinned context mid-session: the next model call sends the new one, verbatim."""
     require_perm(request.user, OPERATE_SESSIONS)
     session = selectors.session_to_operate(session_id, user=request.user)
-    session_pinned_update(session_id=session.id, actor=request.user, pinned=payload.dict(exclude_none=True))
+    session_pinned_update(session_id=session.id, actor=request.user, pinned=payload.dict(exclude_unset=True))
     return session_out(selectors.session_get(session.id, user=request.user))
 
 
@@ -227,4 +227,4 @@ def agents_list_api(request: AuthedRequest) -> list[dict[str, Any]]:
 @router.get("/tools", response={200: list[ToolOut], **ERRORS})
 def tools_list_api(request: AuthedRequest) -> Any:
     require_perm(request.user, VIEW_TOOLS)
-    return list(tool_definitions_enabled())
+    return list(tool_definitions_visible(user=request.user))

@@ -6,6 +6,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from sessions_app.models import AgentProfile
+from sessions_app.services import BUDGET_MAX
 
 
 def _lines(value: str) -> list[str]:
@@ -33,10 +34,10 @@ class SessionStartForm(forms.Form):
 class BudgetRaiseForm(forms.Form):
     """New limits for some budgets; a blank field keeps the current one."""
 
-    max_tool_calls = forms.IntegerField(min_value=0, required=False, label="Tool calls")
-    max_model_calls = forms.IntegerField(min_value=0, required=False, label="Model calls")
-    max_tokens = forms.IntegerField(min_value=0, required=False, label="Tokens")
-    max_wall_seconds = forms.IntegerField(min_value=0, required=False, label="Wall seconds")
+    max_tool_calls = forms.IntegerField(min_value=0, max_value=BUDGET_MAX, required=False, label="Tool calls")
+    max_model_calls = forms.IntegerField(min_value=0, max_value=BUDGET_MAX, required=False, label="Model calls")
+    max_tokens = forms.IntegerField(min_value=0, max_value=BUDGET_MAX, required=False, label="Tokens")
+    max_wall_seconds = forms.IntegerField(min_value=0, max_value=BUDGET_MAX, required=False, label="Wall seconds")
 
     def budget(self) -> dict[str, int]:
         return {name: value for name, value in self.cleaned_data.items() if value is not None}

@@ -3,14 +3,15 @@ from typing import Any
 from uuid import UUID
 
 from ninja import Field, Schema
-from pydantic import ConfigDict
 
-from agentops.schemas import Out
+from agentops.schemas import STRICT_FIELDS, Out
+from sessions_app.services import BUDGET_MAX, INPUT_MAX_CHARS
 
 
 class SessionCreateIn(Schema):
+    model_config = STRICT_FIELDS
     agent: str = Field(..., min_length=1, max_length=64)
-    input: str | None = Field(None, max_length=200_000)
+    input: str | None = Field(None, max_length=INPUT_MAX_CHARS)
     title: str | None = Field(None, max_length=200)
     pinned: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
@@ -18,9 +19,10 @@ class SessionCreateIn(Schema):
 
 
 class SessionPinnedIn(Schema):
-    """The pinned fields to replace; a field left out stays as it is; an unknown one is refused."""
+    """The pinned fields to replace; a field left out stays as it is, null or [] clears it; an
+    unknown one is refused."""
 
-    model_config = {"extra": "forbid"}
+    model_config = STRICT_FIELDS
 
     requirements: list[str] | None = None
     prohibitions: list[str] | None = None
@@ -28,17 +30,18 @@ class SessionPinnedIn(Schema):
 
 
 class TurnCreateIn(Schema):
-    input: str = Field(..., min_length=1, max_length=200_000)
+    input: str = Field(..., min_length=1, max_length=INPUT_MAX_CHARS)
 
 
 class BudgetRaiseIn(Schema):
     """The budgets to raise; a field left out is kept, null lifts the limit, another name is refused."""
 
-    model_config = ConfigDict(extra="forbid")
-    max_tool_calls: int | None = Field(None, ge=0)
-    max_model_calls: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=0)
-    max_wall_seconds: int | None = Field(None, ge=0)
+    model_config = STRICT_FIELDS
+    # strict: "300000", 4000.0 and true are refused, as on session create
+    max_tool_calls: int | None = Field(None, ge=0, le=BUDGET_MAX, strict=True)
+    max_model_calls: int | None = Field(None, ge=0, le=BUDGET_MAX, strict=True)
+    max_tokens: int | None = Field(None, ge=0, le=BUDGET_MAX, strict=True)
+    max_wall_seconds: int | None = Field(None, ge=0, le=BUDGET_MAX, strict=True)
 
 
 class ToolOutputIn(Schema):

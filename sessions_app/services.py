@@ -170,17 +170,50 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
     return turn
 
 
+PINNED_MAX_ITEMS = 100  # per pinned field: every model call of the session sends them all, verbatim
+PINNED_ITEM_MAX_CHARS = 10_000
+
+
 def _string_list(value: Any, name: str) -> list[str]:
+    """A pinned field: a list of strings (null: none). A bare string is refused, as the API's
+    schema for an edit refuses it (it was taken as a one-item list on create only)."""
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value] if value.strip() else []
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
         raise InvalidArguments(f"{name} must be a list of strings", details={"field": name})
+    if len(value) > PINNED_MAX_ITEMS:
+        raise InvalidArguments(f"{name} holds at most {PINNED_MAX_ITEMS} items",
+                               details={"field": name, "max_items": PINNED_MAX_ITEMS})
+    if any(len(x) > PINNED_ITEM_MAX_CHARS for x in value):
+        raise InvalidArguments(f"each of {name} is at most {PINNED_ITEM_MAX_CHARS} characters",
+                               details={"field": name, "max_chars": PINNED_ITEM_MAX_CHARS})
     return list(value)
 
 
 BUDGET_FIELDS = ("max_tool_calls", "max_model_calls", "max_tokens", "max_wall_seconds")
+# The most a budget column holds on every database (PostgreSQL's integer). Checked here: Django
+# binds an integer field's value as a 4-byte integer on PostgreSQL (psycopg 3), so a larger one was
+# stored wrapped (2**32 + 5 as 5: a "raise" that lowered the budget) or broke a constraint (a 500).
+BUDGET_MAX = 2_147_483_647
+
+
+INPUT_MAX_CHARS = 200_000  # a turn's input; the API's schemas say the same
+
+
+def _input_check(text: Any) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArguments("input must not be empty", details={"field": "input"})
+    if len(text) > INPUT_MAX_CHARS:
+        raise InvalidArguments(f"input is over {INPUT_MAX_CHARS} characters",
+                               details={"field": "input", "max": INPUT_MAX_CHARS})
+
+
+def _budget_check(name: str, value: Any) -> None:
+    if name not in BUDGET_FIELDS:
+        raise InvalidArguments(f"Unknown budget {name!r}", details={"field": name, "allowed": BUDGET_FIELDS})
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= BUDGET_MAX):
+        raise InvalidArguments(f"Budget {name} must be an integer from 0 to {BUDGET_MAX}, or null for no limit",
+                               details={"field": name, "max": BUDGET_MAX})
 
 
 def _session_row(*, agent: AgentProfile, owner: User, title: str, pinned: Mapping[str, Any] | None,
@@ -188,16 +221,16 @@ def _session_row(*, agent: AgentProfile, owner: User, title: str, pinned: Mappin
     """A validated, unsaved session; budgets default to the profile's."""
     if not agent.enabled:
         raise InvalidArguments(f"Agent {agent.slug} is disabled", details={"field": "agent"})
+    for field, value in (("pinned", pinned), ("budget", budget), ("metadata", metadata)):
+        if value is not None and not isinstance(value, Mapping):  # dict() of a string or a list of pairs
+            raise InvalidArguments(f"{field} must be an object", details={"field": field})
     pinned = dict(pinned or {})
     unknown = set(pinned) - {"requirements", "prohibitions", "acceptance_criteria"}
     if unknown:
         raise InvalidArguments(f"Unknown pinned fields: {sorted(unknown)}", details={"fields": sorted(unknown)})
     budgets: dict[str, int | None] = {name: getattr(agent, name) for name in BUDGET_FIELDS}
     for name, value in (budget or {}).items():
-        if name not in BUDGET_FIELDS:
-            raise InvalidArguments(f"Unknown budget {name!r}", details={"field": name, "allowed": BUDGET_FIELDS})
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
+        _budget_check(name, value)
         budgets[name] = value
     return AgentSession(
         agent=agent, team_id=agent.team_id, owner=owner, title=title[:200],
@@ -291,8 +324,7 @@ def session_create_with_turn(*, agent: AgentProfile, owner: User, input: str, ti
     would write (the session moved idle → in_progress, the events session.created,
     session.status_changed and turn.queued), in three statements: nobody else can see the session
     before it commits, so there is nothing to lock. The caller starts the engine."""
-    if not input or not input.strip():
-        raise InvalidArguments("input must not be empty", details={"field": "input"})
+    _input_check(input)
     session = _session_row(agent=agent, owner=owner, title=title, pinned=pinned, budget=budget, metadata=metadata)
     session.ensure_can_move_to(AgentSession.Status.IN_PROGRESS)  # the guarded move of a new (idle) session
     session.status = SESSION_STATUS_OF_TURN[Turn.Status.QUEUED]
@@ -313,8 +345,7 @@ def turn_create(*, session_id: uuid.UUID | str, input: str, actor: User | None =
                 idempotency_key: str = "") -> Turn:
     """Queue a new turn. Refuses with 409 ``turn_active`` while another turn is active; the same
     ``idempotency_key`` again returns the turn it created. The caller starts the engine."""
-    if not input or not input.strip():
-        raise InvalidArguments("input must not be empty", details={"field": "input"})
+    _input_check(input)
     try:
         session = AgentSession.objects.select_for_update().get(pk=session_id)
     except (AgentSession.DoesNotExist, ValueError) as exc:
@@ -353,10 +384,7 @@ def session_budget_raise(*, session_id: uuid.UUID | str, actor: User, budget: Ma
     """
     require_perm(actor, OPERATE_SESSIONS)
     for name, value in budget.items():
-        if name not in BUDGET_FIELDS:
-            raise InvalidArguments(f"Unknown budget {name!r}", details={"field": name, "allowed": BUDGET_FIELDS})
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise InvalidArguments(f"Budget {name} must be a non-negative integer", details={"field": name})
+        _budget_check(name, value)
     try:
         session_lock(session_id)
         session = AgentSession.objects.select_for_update().get(pk=session_id)

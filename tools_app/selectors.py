@@ -4,7 +4,9 @@ import threading
 import time
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+
+from agentops.teams import is_active, teams_of
 
 from .models import ToolDefinition
 
@@ -16,6 +18,16 @@ def tool_definition_get(name: str) -> ToolDefinition | None:
 
 def tool_definitions_enabled() -> QuerySet[ToolDefinition]:
     return ToolDefinition.objects.filter(enabled=True).order_by("name")
+
+
+def tool_definitions_visible(*, user: Any) -> QuerySet[ToolDefinition]:
+    """The enabled tools ``user`` may see: all but the tools of other teams' MCP servers (an MCP
+    server, its tools with their descriptions and schemas, belongs to its team)."""
+    teams = teams_of(user)
+    if not is_active(user):
+        return ToolDefinition.objects.none()
+    qs = tool_definitions_enabled()
+    return qs if teams is None else qs.filter(Q(mcp_tool__isnull=True) | Q(mcp_tool__server__team_id__in=teams))
 
 
 # The engine consults the tool registry several times a step: it is cached, and an admin's change

@@ -12,6 +12,7 @@ from agentops.domain import NotFound
 from agentops.http import AuthedRequest
 from agentops.models import Team
 from agentops.pagination import get_paginated_response
+from agentops.teams import scope
 from vault_app import selectors, services
 from vault_app.models import Secret
 from vault_app.schemas import SecretCreateIn, SecretOut, SecretPageOut, SecretUpdateIn
@@ -28,8 +29,9 @@ def secret_out(s: Secret) -> dict[str, Any]:
             "created_at": s.created_at, "updated_at": s.updated_at}
 
 
-def _team_id(slug: str) -> int:
-    team_id = Team.objects.filter(slug=slug).values_list("pk", flat=True).first()
+def _team_id(slug: str, user: Any) -> int:
+    """A team of the user's by slug: another team's is as unknown as one that does not exist."""
+    team_id = scope(Team.objects.filter(slug=slug), user, field="id").values_list("pk", flat=True).first()
     if team_id is None:
         raise NotFound(f"No team {slug!r}")
     return team_id
@@ -38,14 +40,14 @@ def _team_id(slug: str) -> int:
 @router.get("/secrets", response={200: SecretPageOut, **ERRORS})
 def secrets_list_api(request: AuthedRequest, team: str | None = None, cursor: str | None = None,
                      limit: int = 50) -> dict[str, Any]:
-    qs = selectors.secrets_list(user=request.user, team_id=_team_id(team) if team else None)
+    qs = selectors.secrets_list(user=request.user, team_id=_team_id(team, request.user) if team else None)
     return get_paginated_response(queryset=qs.select_related("team", "created_by"), cursor=cursor, limit=limit,
                                   serialize=secret_out)
 
 
 @router.post("/secrets", response={201: SecretOut, **ERRORS})
 def secret_create_api(request: AuthedRequest, payload: SecretCreateIn) -> Status[dict[str, Any]]:
-    secret = services.secret_create(actor=request.user, team_id=_team_id(payload.team), name=payload.name,
+    secret = services.secret_create(actor=request.user, team_id=_team_id(payload.team, request.user), name=payload.name,
                                     value=payload.value, allowed_tools=payload.allowed_tools,
                                     description=payload.description, expires_at=payload.expires_at)
     return Status(201, secret_out(selectors.secret_get(secret.pk, user=request.user)))

@@ -3,10 +3,11 @@ from uuid import UUID
 
 from ninja import Field, Schema
 
-from agentops.schemas import Out
+from agentops.schemas import STRICT_FIELDS, Out
 
 
 class SecretCreateIn(Schema):
+    model_config = STRICT_FIELDS
     team: str = Field(..., min_length=1, max_length=100, description="The team's slug.")
     name: str = Field(..., min_length=1, max_length=100)
     value: str = Field(..., description="Write-only: never returned by any endpoint.")
@@ -16,6 +17,7 @@ class SecretCreateIn(Schema):
 
 
 class SecretUpdateIn(Schema):
+    model_config = STRICT_FIELDS
     value: str | None = Field(None, description="A new value (write-only); absent keeps the current one.")
     allowed_tools: list[str] | None = Field(None, max_length=1000)
     description: str | None = Field(None, max_length=500)

@@ -96,6 +96,8 @@ def secret_update(*, actor: Any, secret_id: UUID, value: str | None = None, allo
                   description: str | None = None, expires_at: datetime | None = None,
                   clear_expiry: bool = False) -> Secret:
     """Replace the value (write-only), the allowed tools, the description or the expiry."""
+    if clear_expiry and expires_at is not None:
+        raise InvalidArguments("Give expires_at or clear_expiry, not both", details={"field": "clear_expiry"})
     secret = _locked(secret_id)
     _require(actor, "change", secret.team_id)
     fields = ["updated_at"]

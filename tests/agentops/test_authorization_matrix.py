@@ -101,8 +101,9 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "POST", "/api/turns/{turn}/retry", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
     # The vault: metadata for the team's members; writes need the vault_app permissions (admins).
     ("api", "GET", "/api/secrets", None, LIST),
+    # Another team's slug is as unknown as one that does not exist (404): a 403 told it existed.
     ("api", "POST", "/api/secrets", {"team": "same", "name": "new_one", "value": "0123456789abcdef"},
-     _row(401, 403, 403, 403, 403, 403, 201, 401)),
+     _row(401, 403, 404, 403, 404, 403, 201, 401)),
     ("api", "GET", "/api/secrets/{secret}", None, READ_SAME),
     ("api", "PATCH", "/api/secrets/{secret}", {"description": "changed"},
      _row(401, 403, 404, 403, 404, 403, 200, 401)),

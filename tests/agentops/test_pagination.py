@@ -39,6 +39,7 @@ MALFORMED = {
     "unicode digit key": _cursor("2024-01-01T00:00:00+00:00", "²"),
     "huge key": _cursor("2024-01-01T00:00:00+00:00", "9" * 30),
     "list key": _cursor("2024-01-01T00:00:00+00:00", [1]),
+    "null key": _cursor("2024-01-01T00:00:00+00:00", None),  # was a 500: to_python(None) is None
 }
 
 
