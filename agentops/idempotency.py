@@ -19,8 +19,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from agentops.models import IdempotencyRecord
 from agentops.selectors import api_token_user
@@ -36,6 +37,10 @@ STALE_AFTER = timedelta(minutes=10)
 # only successes: its SDK retries a 400 "Unknown pending tool call" with the same key, and must
 # then reach the endpoint again rather than get the first refusal replayed.
 WIRE_PREFIX = "/openai/"
+# A dashboard form's key (agentops.templatetags): a field, as a page's form sends no headers.
+SUBMISSION_FIELD = "submission_key"
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+REDIRECT = "redirect"  # the content type of a remembered page post: its body is the Location
 
 
 def _error(status: int, code: str, message: str, path: str = "") -> JsonResponse:
@@ -70,8 +75,12 @@ class IdempotencyMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method != "POST":
+            return self.get_response(request)
+        if not request.path.startswith(("/api/", WIRE_PREFIX)):
+            return self._page_post(request)
         key = request.headers.get("Idempotency-Key", "")
-        if request.method != "POST" or not key or not request.path.startswith(("/api/", WIRE_PREFIX)):
+        if not key:
             return self.get_response(request)
         if len(key) > MAX_KEY_CHARS:
             return _error(422, "invalid_idempotency_key", f"Idempotency-Key is over {MAX_KEY_CHARS} chars.",
@@ -98,6 +107,37 @@ class IdempotencyMiddleware:
         reserved.status_code = response.status_code
         reserved.content_type = response.get("Content-Type", "application/json")
         reserved.body = response.content
+        reserved.save(update_fields=["status_code", "content_type", "body"])
+        return response
+
+    def _page_post(self, request: HttpRequest) -> HttpResponse:
+        """A dashboard form that carries a ``submission_key`` (``{% submission_key %}``, a new one
+        each time the form is rendered) does its work once: a second post of it (a double click,
+        a reload of the result, Back and submit again) is sent where the first one's redirect
+        went, once that finished. Only a redirect (the form's success) is remembered: a form sent
+        back with errors may be corrected and posted again with the same key."""
+        key = request.POST.get(SUBMISSION_FIELD, "") if request.content_type in FORM_TYPES else ""
+        scope = _scope(request) if key and len(key) <= MAX_KEY_CHARS else None
+        if scope is None:
+            return self.get_response(request)
+        digest = hashlib.sha256(b"page\n" + request.path.encode()).hexdigest()
+        reserved = self._reserve(scope, key, digest, request.path)
+        if isinstance(reserved, HttpResponse):
+            if reserved.status_code == 409:  # the first post still runs after the wait: back where it came from
+                referer = request.META.get("HTTP_REFERER", "")
+                same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, request.is_secure())
+                return HttpResponseRedirect(referer if referer and same_site else "/")
+            return reserved
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            self._release(reserved)
+            raise
+        if response.status_code not in (302, 303) or not response.has_header("Location"):
+            self._release(reserved)
+            return response
+        reserved.status_code, reserved.content_type = response.status_code, REDIRECT
+        reserved.body = response["Location"].encode()
         reserved.save(update_fields=["status_code", "content_type", "body"])
         return response
 
@@ -131,6 +171,10 @@ class IdempotencyMiddleware:
         IdempotencyRecord.objects.filter(pk=record.pk, status_code__isnull=True).delete()
 
     def _replay(self, record: IdempotencyRecord) -> HttpResponse:
+        if record.content_type == REDIRECT:
+            redirect = HttpResponseRedirect(bytes(record.body).decode())
+            redirect["Idempotent-Replayed"] = "true"
+            return redirect
         response = HttpResponse(bytes(record.body), status=record.status_code or 200,
                                 content_type=record.content_type or "application/json")
         response["Idempotent-Replayed"] = "true"

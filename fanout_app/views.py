@@ -6,7 +6,7 @@ from uuid import UUID
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from agentops.domain import DomainError, NotFound
 from agentops.http import AuthedRequest, HtmxHttpRequest
@@ -35,10 +35,12 @@ def batch_list_view(request: AuthedRequest) -> HttpResponse:
     return _list(request, BatchStartForm(agents=session_selectors.agents_to_start(user=request.user)))
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def batch_create_view(request: AuthedRequest) -> HttpResponse:
+    if request.method == "GET":  # the address bar shows this URL after a form sent back with errors
+        return redirect("batch_list")
     form = BatchStartForm(request.POST, request.FILES, agents=session_selectors.agents_to_start(user=request.user))
     if form.is_valid():
         try:

@@ -17,7 +17,7 @@ from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from agentops.domain import DomainError, NotFound, PermissionDenied
@@ -85,10 +85,12 @@ def _render_list(request: AuthedRequest, context: dict[str, object], form: Sessi
     return render(request, "dashboard/session_list.html", context, status=status)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def session_create_view(request: AuthedRequest) -> HttpResponse:
+    if request.method == "GET":  # the address bar shows this URL after a form sent back with errors
+        return redirect("session_list")
     form = SessionStartForm(request.POST, agents=selectors.agents_to_start(user=request.user))
     if form.is_valid():
         try:

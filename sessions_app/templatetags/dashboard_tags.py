@@ -1,6 +1,7 @@
 """Small template filters for the dashboard."""
 
 import unicodedata
+import uuid
 from typing import Any
 
 from django import template
@@ -15,6 +16,13 @@ from sessions_app.models import SessionStatus, StepStatus, TurnStatus
 from sessions_app.presenters import pretty_json as _pretty_json
 
 register = template.Library()
+
+
+@register.simple_tag
+def submission_key() -> SafeString:
+    """A hidden field naming this rendering of a form: a second post of it (a double click)
+    does nothing more than the first (``agentops.idempotency``, pages)."""
+    return format_html('<input type="hidden" name="submission_key" value="{}">', uuid.uuid4().hex)
 
 # One label per status value, from the models' choices. A value shared by several models has the
 # same label in each (awaiting_approval, failed, cancelled, …).

@@ -246,6 +246,51 @@
     }
   }
 
+  // A message at the top of the page (as Django's messages are shown).
+  function flash(text, level) {
+    var list = document.querySelector("ul.messages");
+    if (!list) {
+      list = document.createElement("ul");
+      list.className = "messages";
+      var main = document.querySelector("main");
+      main.parentNode.insertBefore(list, main);
+    }
+    var item = document.createElement("li");
+    item.className = "msg " + (level || "error");
+    item.setAttribute("role", "alert");
+    item.textContent = text;
+    list.appendChild(item);
+  }
+
+  // A server error answering an htmx request is not swapped in (base.html's responseHandling: it
+  // replaced the form it came from with "Server Error (500)"); a refusal with nothing to swap
+  // (a button with hx-swap="none") is said, not only logged.
+  document.addEventListener("htmx:responseError", function (e) {
+    var xhr = e.detail && e.detail.xhr;
+    var status = xhr ? xhr.status : 0;
+    if (status >= 500) {
+      flash("The server failed to do that (" + status + "). Reload the page and try again.");
+    } else if (status === 403) {
+      flash("You are not allowed to do that.");
+    }
+  });
+  document.addEventListener("htmx:sendError", function () {
+    flash("The server did not answer. Check the connection and try again.");
+  });
+
+  // A form posted once is not posted again by a second click while its page is still shown (the
+  // server also does a form's work once per rendering: agentops/idempotency.py).
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (!form || (form.getAttribute("method") || "").toLowerCase() !== "post" || form.hasAttribute("hx-post")) return;
+    if (form.getAttribute("data-sent")) { e.preventDefault(); return; }
+    form.setAttribute("data-sent", "1");
+  });
+  window.addEventListener("pageshow", function () {  // Back to a page kept in the browser's cache
+    var sent = document.querySelectorAll("form[data-sent]");
+    for (var i = 0; i < sent.length; i++) sent[i].removeAttribute("data-sent");
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     // A page may follow more than one stream (the decision page: the approvals and its session).
     var roots = document.querySelectorAll("[data-live]");

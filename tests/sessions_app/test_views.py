@@ -168,6 +168,27 @@ def test_new_session_form_starts_a_session(operator: User, agent: AgentProfile) 
     assert "Pinned context" in page and "be brief" in page and "no network" in page
 
 
+def test_a_new_session_form_posted_twice_starts_one_session(operator: User, agent: AgentProfile) -> None:
+    """A double click on "Start session" (30 ms apart in Chromium) started two sessions. The form
+    carries a key of its rendering; a second post of it goes where the first one went."""
+    client = login(operator)
+    key = re.search(r'name="submission_key" value="([0-9a-f]{32})"', client.get("/sessions/").content.decode())
+    assert key is not None
+    refused = client.post("/sessions/new/", {"agent": agent.slug, "input": "", "submission_key": key[1]})
+    assert refused.status_code == 422 and not AgentSession.objects.exists()  # sent back: the key stays free
+    form = {"agent": agent.slug, "input": "say hello", "submission_key": key[1]}
+    first, second = client.post("/sessions/new/", form), client.post("/sessions/new/", form)
+    session = AgentSession.objects.get()
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"] == f"/sessions/{session.id}/"
+    assert second["Idempotent-Replayed"] == "true"
+    assert client.post("/sessions/new/", {**form, "submission_key": "another"}).status_code == 302
+    assert AgentSession.objects.count() == 2  # another rendering of the form is another session
+    assert login(factories.user("olga", groups=["operators"])).post("/sessions/new/", form).status_code == 302
+    assert AgentSession.objects.count() == 3  # a key belongs to who posted it
+    assert client.get("/sessions/new/")["Location"] == "/sessions/"  # the URL an error page leaves shown
+
+
 def test_new_session_form_reports_errors(operator: User, agent: AgentProfile) -> None:
     response = login(operator).post("/sessions/new/", {"agent": agent.slug, "input": ""})
     assert response.status_code == 422
