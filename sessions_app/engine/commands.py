@@ -12,10 +12,11 @@ from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound
 from agentops.permissions import OPERATE_SESSIONS, require_perm
 from sessions_app import hooks
+from sessions_app.engine.budgets import Budget, budget_crossed, session_counters
 from sessions_app.engine.turns import turn_cancel
 from sessions_app.events import event_record
 from sessions_app.locks import session_lock
-from sessions_app.models import AgentProfile, AgentSession, Step, Turn
+from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import (
     TurnActive,
     session_create,
@@ -27,6 +28,9 @@ from sessions_app.services import (
 )
 
 MAX_TOOL_OUTPUT_CHARS = 1_000_000
+# The budgets as the dashboard's form names them.
+BUDGET_LABELS = {"max_tool_calls": "Tool calls", "max_model_calls": "Model calls", "max_tokens": "Tokens",
+                 "max_wall_seconds": "Wall seconds"}
 
 
 def session_start(*, agent: AgentProfile, owner: User, input: str = "", title: str = "",
@@ -65,6 +69,27 @@ class NotRetryable(Conflict):
     code = "not_retryable"
 
 
+class BudgetStillExceeded(Conflict):
+    """The budget that failed the turn is still used up: a retry would fail again (after asking a
+    reviewer, for a tool call)."""
+
+    code = "budget_still_exceeded"
+
+
+def _budget_still_crossed(turn: Turn, session_id: uuid.UUID) -> Budget | None:
+    """The budget named by the turn's last ``budget.exceeded``, when the session's is still used
+    up (the retried turn's wall time counts afresh)."""
+    exceeded = (Event.objects.filter(turn_id=turn.id, type="budget.exceeded").order_by("-seq")
+                .values_list("payload", flat=True).first())
+    name = (exceeded or {}).get("budget")
+    counters = session_counters(AgentSession.objects.get(pk=session_id))
+    for before in ("model", "tool"):
+        crossed = budget_crossed(counters, 0.0, before=before)
+        if crossed is not None and crossed.name == name:
+            return crossed
+    return None
+
+
 @transaction.atomic
 def turn_retry(*, turn_id: uuid.UUID | str, actor: User) -> Turn:
     """Run a failed, retryable turn again from where it stopped (its steps are kept: the engine's
@@ -94,6 +119,11 @@ def turn_retry(*, turn_id: uuid.UUID | str, actor: User) -> Turn:
         raise NotRetryable("A later turn exists; only the latest turn can be retried.")
     if Turn.objects.filter(session_id=session_id, status__in=Turn.ACTIVE).exists():
         raise TurnActive("This session already has an active turn; wait for it or cancel it.")
+    crossed = _budget_still_crossed(turn, session_id) if turn.error_code == "budget_exceeded" else None
+    if crossed is not None:
+        raise BudgetStillExceeded(f"Raise the budget first: {BUDGET_LABELS.get(crossed.name, crossed.name)} is "
+                                  f"limited to {crossed.limit} and {crossed.used:g} are used.",
+                                  details={"budget": crossed.name, "limit": crossed.limit, "used": crossed.used})
     failure = {"error_code": turn.error_code, "error_message": turn.error_message}
     turn = turn_transition(turn_id=turn.id, session_id=session_id, to=Turn.Status.QUEUED, error_code="",
                            error_message="", retryable=False, finished_at=None)

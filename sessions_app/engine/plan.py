@@ -95,6 +95,9 @@ def next_action(s: Snapshot) -> Decision:
 
     statuses = {t.status for t in s.tools}
     if Step.Status.PLANNED in statuses:
+        budget = budget_crossed(s.counters, s.turn_seconds, before="tool")
+        if budget:  # no reviewer is asked about a call the budget would not let run
+            return Decision(Action.FAIL_BUDGET, turn_status=RUNNING, budget=budget)
         return Decision(Action.GATE_TOOLS)
     if any(t.status == Step.Status.RUNNING and (t.leased or t.waits) for t in s.tools):
         return Decision(Action.WAIT)  # a command runs (its task ticks when it is done), or subagents

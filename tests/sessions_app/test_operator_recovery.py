@@ -10,8 +10,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from sessions_app.engine.budgets import Budget
 from sessions_app.engine.commands import session_start
-from sessions_app.engine.turns import turn_fail
+from sessions_app.engine.turns import turn_fail, turn_fail_budget
 from sessions_app.models import AgentProfile, AgentSession, Event, Step, Turn
 from sessions_app.services import turn_create
 from tests import factories
@@ -63,6 +64,32 @@ def test_operator_raises_the_budget_and_retries_the_turn_that_crossed_it(
     steps = list(Step.objects.filter(turn=turn).order_by("index").values_list("kind", "status", "error_code"))
     assert steps == [("model", "completed", ""), ("tool", "completed", ""), ("model", "completed", ""),
                      ("tool", "failed", "budget_exceeded"), ("model", "completed", "")]
+
+
+@pytest.mark.django_db
+def test_a_turn_its_budget_failed_is_not_retried_until_that_budget_is_raised(operator: User) -> None:
+    """A retry with the tool calls still used up ran the model again, asked a reviewer to approve a
+    call, and failed the approved call on the budget (a browser audit, 2026-12-04)."""
+    session = factories.session(owner=operator, budget={"max_tool_calls": 2, "max_tokens": 1000})
+    turn = turn_create(session_id=session.id, input="go")
+    AgentSession.objects.filter(pk=session.pk).update(tool_calls=2)
+    turn_fail_budget(turn_id=turn.id, session_id=session.id, budget=Budget("max_tool_calls", 2, 2))
+    api = api_client(operator)
+    refused = _post(api, f"/api/turns/{turn.id}/retry")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "budget_still_exceeded"
+    assert refused.json()["message"] == "Raise the budget first: Tool calls is limited to 2 and 2 are used."
+    browser = login(operator)
+    page = browser.post(f"/sessions/{session.id}/turns/{turn.id}/retry/", follow=True).content.decode()
+    assert "Raise the budget first" in page
+    assert Turn.objects.get(pk=turn.pk).status == "failed"
+    assert not Event.objects.filter(turn=turn, type="turn.retried").exists()
+    # Another budget raised does not help; this one does.
+    assert _post(api, f"/api/sessions/{session.id}/budget", {"max_tokens": 5000}).status_code == 200
+    assert _post(api, f"/api/turns/{turn.id}/retry").status_code == 409
+    assert _post(api, f"/api/sessions/{session.id}/budget", {"max_tool_calls": 3}).status_code == 200
+    assert _post(api, f"/api/turns/{turn.id}/retry").status_code == 200
+    assert Turn.objects.get(pk=turn.pk).status == "queued"
 
 
 @pytest.mark.django_db

@@ -117,6 +117,9 @@ CASES: list[tuple[str, Snapshot, Decision]] = [
     ("tool calls used up", snap("running", model("completed"), (tool(T1, "approved", index=1),),
                                 counters=budgets(max_tool_calls=2)),
      Decision(Action.FAIL_BUDGET, turn_status="running", budget=Budget("max_tool_calls", 2, 2))),
+    ("tool calls used up before the gate: no reviewer is asked", snap(
+        "running", model("completed"), (tool(T1, "planned", index=1),), counters=budgets(max_tool_calls=2)),
+     Decision(Action.FAIL_BUDGET, turn_status="running", budget=Budget("max_tool_calls", 2, 2))),
     ("tool budget does not stop a model call", snap("running", model("completed"), (tool(T1, "completed", index=1),),
                                                     counters=budgets(max_tool_calls=2)),
      Decision(Action.ENQUEUE_MODEL, turn_status="running", new_index=2)),
