@@ -98,7 +98,16 @@
     }
   }
 
+  // A part pushed live is the same for every viewer: what only one of them may do (release the
+  // request they claimed) is shown to that one.
+  function showMine(el) {
+    var me = document.body.getAttribute("data-me") || "";
+    var mine = el.querySelectorAll ? el.querySelectorAll("[data-claimer]") : [];
+    for (var i = 0; i < mine.length; i++) mine[i].hidden = !me || mine[i].getAttribute("data-claimer") !== me;
+  }
+
   function activate(el) {
+    showMine(el);
     if (window.htmx) window.htmx.process(el);
     showPresence();
     var empty = document.getElementById("timeline-empty");

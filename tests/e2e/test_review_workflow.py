@@ -69,3 +69,30 @@ def test_two_reviewers_claim_presence_and_a_two_of_two_quorum(browser: Any, stac
     first.context.close()
     second.context.close()
     assert session.id
+
+
+def test_the_live_review_card_offers_release_to_the_claimer_and_claim_to_reviewers_only(
+        browser: Any, stack: Stack, world: World) -> None:
+    """The card pushed live is one copy for every viewer: it lost the claimer's Release button,
+    and after a release it offered Claim to the session's operator, who cannot decide (a click:
+    403, shown nowhere). Found in a browser audit (2026-12-04)."""
+    _session, approval = start(world, command="echo claim", title="claim")
+    url = f"{stack.url}/approvals/{approval.request_id}/"
+    reviewer, operator = login(browser, stack, "reviewer"), login(browser, stack, "operator")
+    for page in (reviewer, operator):
+        page.goto(url)
+        page.wait_for_selector("#live-state[data-state=live]")
+    problems = watch_console(reviewer)
+    card = f"#review-{approval.request_id}"
+    assert not operator.is_visible(f"{card} .claim-btn")
+    reviewer.click(f"{card} .claim-btn")
+    reviewer.wait_for_selector(f"{card} .release-btn", state="visible")  # live, without a reload
+    operator.wait_for_selector(f"{card} .claimer")
+    assert not operator.is_visible(f"{card} .release-btn") and not operator.is_visible(f"{card} .claim-btn")
+    reviewer.click(f"{card} .release-btn")
+    reviewer.wait_for_selector(f"{card} .claim-btn", state="visible")
+    operator.wait_for_selector(f"{card} .claimer", state="detached")
+    assert not operator.is_visible(f"{card} .claim-btn")
+    assert not problems, problems
+    reviewer.context.close()
+    operator.context.close()
