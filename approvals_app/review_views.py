@@ -61,13 +61,16 @@ def approval_release_view(request: HtmxHttpRequest, request_id: UUID) -> HttpRes
     return _answer(request, request_id, None, "You released this request.")
 
 
+BULK_OUTCOMES = "approval_bulk_outcomes"  # the last group's outcomes, shown once after the redirect
+
+
 @require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(VIEW_APPROVALS, raise_exception=True)
 def approval_bulk_view(request: HtmxHttpRequest) -> HttpResponse:
-    """GET: the groups of identical pending requests. POST: approve one group (``request_id`` many
-    times, ``arguments_sha256``)."""
-    outcomes: dict[str, str] = {}
+    """GET: the groups of identical pending requests, and what the last approval of a group did.
+    POST: approve one group (``request_id`` many times, ``arguments_sha256``), then back to GET
+    (a reload posted the group again: "Approved 0 of 29")."""
     status = 200
     if request.method == "POST":
         try:
@@ -81,6 +84,9 @@ def approval_bulk_view(request: HtmxHttpRequest) -> HttpResponse:
         else:
             done = sum(1 for v in outcomes.values() if v in ("approved", "pending"))
             messages.success(request, f"Approved {done} of {len(outcomes)} identical requests, each on its own.")
+            request.session[BULK_OUTCOMES] = outcomes
+            return redirect("approval_bulk")
+    described = selectors.outcomes_described(request.session.pop(BULK_OUTCOMES, {}), user=request.user)
     groups = []
     for g in selectors.identical_pending_groups(user=request.user):
         rows = selectors.pending_identical(user=request.user, tool=g["tool_name"],
@@ -89,6 +95,6 @@ def approval_bulk_view(request: HtmxHttpRequest) -> HttpResponse:
             groups.append({"tool": g["tool_name"], "sha": g["arguments_sha256"], "rows": rows,
                            "arguments": rows[0].arguments, "policy": rows[0].policy_reason})
     return render(request, "dashboard/approval_bulk.html",
-                  {"nav": "approvals", "groups": groups, "outcomes": outcomes}, status=status)
+                  {"nav": "approvals", "groups": groups, "outcomes": described}, status=status)
 
 

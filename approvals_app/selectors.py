@@ -137,6 +137,15 @@ def pending_identical(*, user: Any, tool: str, arguments_sha256: str, policy_id:
     return list(qs.select_related("session__agent", "session__owner").order_by("created_at", "id")[:500])
 
 
+def outcomes_described(outcomes: dict[str, str], *, user: Any) -> list[dict[str, Any]]:
+    """A bulk approval's outcomes (request id → outcome) with each request's session, tool and
+    link, in the order given; a request the user cannot see (any more) is left out. One query."""
+    ids = [i for i in outcomes if _uuid_or_none(i) is not None]
+    found = {str(a.request_id): a for a in scope(ApprovalRequest.objects.filter(request_id__in=ids), user)
+             .select_related("session")} if ids else {}
+    return [{"approval": found[i], "outcome": outcomes[i]} for i in ids if i in found]
+
+
 def queue_tools(*, user: Any) -> list[str]:
     """The tools that have pending requests (the queue filter's choices)."""
     return list(scope(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING), user)

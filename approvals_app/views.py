@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget
 
@@ -35,6 +36,8 @@ from tools_app.selectors import tool_definition_get
 from vault_app.selectors import secrets_for_call
 
 RISKS = ("low", "medium", "high")
+DECIDED = {"approve": "Approved", "reject": "Rejected", "retry": "Retry approved", "mark_done": "Marked done",
+           "fail": "Failed"}
 QUEUE_PAGE = 25  # each card costs ~0.5 ms to render: more load as the reviewer scrolls
 
 
@@ -122,6 +125,7 @@ def _approval_or_404(request: AuthedRequest, request_id: UUID) -> ApprovalReques
 
 
 @require_GET
+@never_cache  # Back after a decision showed the request still pending, with a working Approve
 @login_required
 @permission_required(VIEW_APPROVALS, raise_exception=True)
 def approval_detail_view(request: AuthedRequest, request_id: UUID) -> HttpResponse:
@@ -134,19 +138,24 @@ def approval_detail_view(request: AuthedRequest, request_id: UUID) -> HttpRespon
 @login_required
 def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResponse:
     approval = _approval_or_404(request, request_id)
+    decided_before = approval.status != ApprovalRequest.Status.PENDING  # this post is a replay
     from_queue = request.POST.get("from") == "queue" and request.htmx
     seen_hash = request.POST.get("arguments_sha256", "")
+    decision = request.POST.get("decision", "")
     edit_form = _edit_form(approval, data=request.POST) if request.POST.get("edit") == "1" else None
     try:
         require_perm(request.user, DECIDE_APPROVALS)
         if not seen_hash:
             raise InvalidArguments("The form did not say which arguments you saw; reload the page.")
+        if decision == ApprovalRequest.Decision.REJECT and not request.POST.get("reason", "").strip() \
+                and not decided_before:
+            raise InvalidArguments("Say why you reject it (the model is told); nothing was decided.")
         if edit_form is not None and not edit_form.is_valid():
             lines = edit_form.error_lines()
             raise InvalidArguments("; ".join(lines), details={"errors": lines})
         decided = approval_decide(request_id=request_id, actor=request.user,
                                   grant_pattern=_grant_pattern(request.POST.get("grant_pattern", "")),
-                                  decision=request.POST.get("decision", ""), reason=request.POST.get("reason", ""),
+                                  decision=decision, reason=request.POST.get("reason", ""),
                                   seen_hash=seen_hash,
                                   arguments=edit_form.edited_arguments() if edit_form is not None else None,
                                   remember=request.POST.get("remember") == "1")
@@ -170,10 +179,18 @@ def approval_decide_view(request: HtmxHttpRequest, request_id: UUID) -> HttpResp
             return reswap(retarget(response, f"#approval-{request_id}"), "outerHTML")
         messages.success(request, note)
         return redirect("approval_detail", request_id=request_id)
+    verb = DECIDED.get(decided.decision, decided.decision)
+    by_another = decided.decided_by_id is not None and decided.decided_by_id != request.user.pk
+    if decided_before or by_another:  # nothing was decided by this post: say by whom it was
+        who = decided.decided_by.get_username() if decided.decided_by else "someone"
+        when = timezone.localtime(decided.decided_at).strftime("%H:%M") if decided.decided_at else ""
+        note = f"Already decided: {verb.lower()} by {who}{f' at {when}' if when else ''}. Nothing more was done."
+        if from_queue:
+            return render(request, "dashboard/_queue_decided.html", {"approval": decided, "verb": verb, "note": note})
+        messages.info(request, note)
+        return redirect("approval_queue")
     if from_queue:
-        return render(request, "dashboard/_queue_decided.html", {"approval": decided})
-    verb = {"approve": "Approved", "reject": "Rejected", "retry": "Retry approved", "mark_done": "Marked done",
-            "fail": "Failed"}.get(decided.decision, decided.decision)
+        return render(request, "dashboard/_queue_decided.html", {"approval": decided, "verb": verb})
     messages.success(request, f"{verb}: {decided.tool_name} in {approval.session}.")
     return redirect("approval_queue")
 

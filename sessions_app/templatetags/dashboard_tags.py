@@ -18,6 +18,16 @@ from sessions_app.presenters import pretty_json as _pretty_json
 register = template.Library()
 
 
+DECIDED_LABELS = {"approve": "approved", "reject": "rejected", "retry": "retry approved", "mark_done": "marked done",
+                  "fail": "failed"}
+
+
+@register.filter
+def decided(decision: Any) -> str:
+    """A reviewer's decision as what happened to the request ("approve" → "approved")."""
+    return DECIDED_LABELS.get(str(decision or ""), str(decision or ""))
+
+
 @register.simple_tag
 def submission_key() -> SafeString:
     """A hidden field naming this rendering of a form: a second post of it (a double click)

@@ -159,7 +159,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("page", "POST", "/approvals/{request}/release/", {}, _row(302, 403, 404, 302, 404, 403, 302, 302)),
     ("page", "GET", "/approvals/bulk/", None, PAGE_LIST),
     ("page", "POST", "/approvals/bulk/", {"request_id": "{request}", "arguments_sha256": "{sha}"},
-     _row(302, 403, 403, 200, 404, 200, 200, 302)),
+     _row(302, 403, 403, 302, 404, 302, 302, 302)),  # done: back to the page (post/redirect/get)
     ("page", "GET", "/approvals/link/{link}/", None, _row(302, 403, 403, 302, 403, 403, 403, 302)),
     # The OpenAI Agents wire (/openai/v1): the same selectors; errors in the wire's envelope.
     ("wire", "GET", "/openai/v1/agents", None, LIST),

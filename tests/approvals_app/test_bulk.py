@@ -26,7 +26,12 @@ def test_bulk_approval_of_20_identical_requests_from_one_page(django_assert_max_
     assert str(other.request_id).encode() not in page.content
     form = {"request_id": [str(a.request_id) for a in batch], "arguments_sha256": batch[0].arguments_sha256}
     response = browser.post("/approvals/bulk/", form)
-    assert response.status_code == 200 and b"Approved 20 of 20" in response.content
+    assert response.status_code == 302 and response["Location"] == "/approvals/bulk/"
+    shown = browser.get(response["Location"]).content.decode()
+    assert "Approved 20 of 20" in shown
+    assert all(f"{a.session}</a>: approved" in shown for a in batch)  # each outcome names its session
+    reloaded = browser.get("/approvals/bulk/").content.decode()  # a reload posts nothing again
+    assert "Approved" not in reloaded and 'id="bulk-outcomes"' not in reloaded
     assert ApprovalRequest.objects.filter(pk__in=[a.pk for a in batch], status="approved",
                                           decided_by=alice).count() == 20
     assert ApprovalAudit.objects.filter(action="decided", actor=alice).count() == 20

@@ -179,6 +179,39 @@ def test_reject_with_reason(operator: User, reviewer: User, agent: AgentProfile)
     assert Step.objects.get(pk=approval.step_id).status == Step.Status.REJECTED
 
 
+def test_a_reject_needs_a_reason_from_the_queue_as_on_the_decision_page(operator: User, reviewer: User,
+                                                                       agent: AgentProfile) -> None:
+    """The decision page's reason box is required (the model is told why); the queue's Reject went
+    through with none ("Reason: (none given)")."""
+    approval = make_approval(operator, agent)
+    browser = login(reviewer)
+    for extra in ({"from": "queue"}, {}):
+        response = browser.post(f"/approvals/{approval.request_id}/decide/", {
+            "decision": "reject", "reason": "  ", "arguments_sha256": approval.arguments_sha256, **extra},
+            HTTP_HX_REQUEST="true")
+        assert response.status_code == 422 and "Say why you reject it" in response.content.decode()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_a_decision_posted_again_says_who_decided_and_decides_nothing(operator: User, reviewer: User,
+                                                                     agent: AgentProfile) -> None:
+    """Back to the cached decision page and Approve again, or a second reviewer on a page out of
+    date: both were told "Approved: …" as if they had decided it."""
+    approval = make_approval(operator, agent)
+    first = login(reviewer)
+    page = first.get(f"/approvals/{approval.request_id}/")
+    assert "no-store" in page["Cache-Control"]  # Back fetches the page again: it is not kept
+    form = {"decision": "approve", "arguments_sha256": approval.arguments_sha256}
+    assert first.post(f"/approvals/{approval.request_id}/decide/", form).status_code == 302
+    second = login(factories.user("rev2", groups=["reviewers"]))
+    for browser, who in ((first, reviewer.username), (second, reviewer.username)):
+        response = browser.post(f"/approvals/{approval.request_id}/decide/", form, follow=True)
+        text = html.unescape(response.content.decode())
+        assert f"Already decided: approved by {who}" in text and "Nothing more was done." in text, text[:2000]
+    assert Event.objects.filter(type="approval.decided").count() == 1
+
+
 def test_edit_arguments_typed_by_schema(operator: User, reviewer: User, agent: AgentProfile) -> None:
     approval = make_approval(operator, agent)
     login(reviewer).post(f"/approvals/{approval.request_id}/decide/", {
@@ -295,7 +328,7 @@ def test_decided_fragment_removes_the_queue_item(operator: User, reviewer: User,
     assert f'data-op="remove" data-target="#approval-queue" data-seq="{event.seq}" ' \
            f'data-id="approval-{approval.request_id}"' in html
     # the step's card, pushed with it, says who decided (its step was asked about: its approval is read)
-    assert f"approve by {reviewer.username}" in html
+    assert f"approved by {reviewer.username}" in html
     assert ToolDefinition.objects.filter(name="run_command").exists()
 
 
