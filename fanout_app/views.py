@@ -25,7 +25,7 @@ def _list(request: AuthedRequest, form: BatchStartForm, status: int = 200) -> Ht
     return render(request, "fanout/batch_list.html",
                   {"nav": "batches", "form": form, "batches": selectors.batches_list(user=request.user)[:50],
                    "can_operate": has_perm(request.user, OPERATE_SESSIONS), "airline_rows": airline,
-                   "airline_agent": AIRLINE_AGENT}, status=status)
+                   "airline_agent": AIRLINE_AGENT, "has_agents": agents.exists()}, status=status)
 
 
 @require_GET

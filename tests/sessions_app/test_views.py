@@ -547,3 +547,21 @@ def test_a_web_process_warms_up_when_imported_by_its_server_not_inside_a_loop(
 
     asyncio.run(imported_in_a_loop())
     assert calls == ["warm"]
+
+
+def test_pages_for_a_failed_login_a_team_without_agents_and_an_unknown_url(agent: AgentProfile) -> None:
+    """From a browser audit: the username was cleared after a failed login; a team with no agent
+    got a form with an empty Agent select that could only fail; a 404 was Django's bare page."""
+    factories.user("lena", groups=["operators"])
+    failed = Client().post("/login/", {"username": "lena", "password": "wrong"})
+    assert 'name="username" value="lena"' in failed.content.decode()
+    loner = factories.user("solo", groups=["operators"], teams=["empty-team"])
+    client = login(loner)
+    for path in ("/sessions/", "/batches/"):
+        page = client.get(path).content.decode()
+        assert 'id="no-agents"' in page and "Start session" not in page and "Start batch" not in page
+    page = login(factories.user("dora", groups=["operators"])).get("/sessions/").content.decode()
+    assert 'id="no-agents"' not in page and "Start session" in page
+    missing = client.get(f"/sessions/{factories.session(agent=agent).id}/")  # another team's: as unknown
+    assert missing.status_code == 404
+    assert "Not found" in missing.content.decode() and 'class="topbar"' in missing.content.decode()
