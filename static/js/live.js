@@ -112,6 +112,8 @@
     showPresence();
     var empty = document.getElementById("timeline-empty");
     if (empty && el.classList && el.classList.contains("turn")) empty.remove();
+    var none = document.getElementById("artifacts-none");  // the first artifact, live
+    if (none && el.parentNode && el.parentNode.id === "artifacts") none.remove();
   }
 
   function applyHtml(html) {
