@@ -68,6 +68,7 @@ def test_no_policy_resolves_to_none_and_the_tool_mode_applies() -> None:
     ([{"path": "a b", "op": "eq", "value": 1}], "path must be"),
     ([{"path": "a", "op": "gt", "value": "10"}], "compares with a number"),
     ([{"path": "a", "op": "matches", "value": "("}], "invalid regular expression"),
+    ([{"path": "a", "op": "matches", "value": "(?=x)x"}], "no lookarounds or backreferences"),
     ([{"path": "a", "op": "host_in", "value": "example.com"}], "list of host names"),
     ([{"path": "a", "op": "contains", "value": {"x": 1}}], "contains takes"),
 ])
@@ -78,6 +79,23 @@ def test_invalid_conditions_are_refused_on_save(conditions: Any, fragment: str) 
     assert "conditions" in exc.value.details
     from approvals_app.models import ApprovalPolicy
     assert not ApprovalPolicy.objects.exists()  # nothing stored
+
+
+def test_a_backtracking_pattern_runs_in_linear_time() -> None:
+    """With Python's re, ^(a+)+$ against 30 a's and a '!' took 40 s in the tick (an admin audit,
+    2026-12-04), and every session of that gateway stalled. RE2 answers at once; measured against
+    the same search of a plain pattern, in the same run."""
+    import time
+
+    text = {"s": "a" * 5_000 + "!"}
+    started = time.perf_counter()
+    assert not conditions_hold([{"path": "s", "op": "matches", "value": "^(a+)+$"}], text)
+    nested = time.perf_counter() - started
+    started = time.perf_counter()
+    assert not conditions_hold([{"path": "s", "op": "matches", "value": "^b"}], text)
+    plain = time.perf_counter() - started
+    assert nested < max(50 * plain, 0.05), (nested, plain)
+    assert conditions_hold([{"path": "s", "op": "matches", "value": "^(a+)+!$"}], text)
 
 
 def test_quorum_outside_its_range_is_refused() -> None:
