@@ -5,6 +5,7 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -14,6 +15,10 @@ from agentops.models import Team
 from sessions_app.models import AgentProfile, AgentSession, Step, Turn
 from tools_app.models import ApprovalMode
 
+# A request's time to live: from a second to a year (2**40 s overflowed the expiry's date on
+# SQLite: every call needing review failed, its session left running with no error).
+MAX_TTL_SECONDS = 365 * 86400
+TTL_VALIDATORS = [MinValueValidator(1), MaxValueValidator(MAX_TTL_SECONDS)]
 
 class ApprovalKind(models.TextChoices):
     TOOL = "tool", "Tool call"
@@ -200,10 +205,12 @@ class ApprovalPolicy(models.Model):
     required_approvals = models.PositiveSmallIntegerField(default=1)
     reviewer_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                                        help_text="Only its members may decide (empty: the team's reviewers).")
-    ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    ttl_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=TTL_VALIDATORS,
+        help_text="How long a request may wait for its decision (1 s to 365 days); empty: the tool's or the site's.")
     escalation_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     escalate_before_seconds = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Escalate this long before the request expires.")
+        null=True, blank=True, validators=TTL_VALIDATORS, help_text="Escalate this long before the request expires.")
     omit_arguments = models.BooleanField(default=False, help_text="Notifications leave the arguments out.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -213,7 +220,8 @@ class ApprovalPolicy(models.Model):
         verbose_name_plural = "approval policies"
         constraints = [
             models.CheckConstraint(condition=Q(required_approvals__gte=1) & Q(required_approvals__lte=10),
-                                   name="approvalpolicy_quorum_range"),
+                                   name="approvalpolicy_quorum_range",
+                                   violation_error_message="Required approvals must be between 1 and 10."),
             status_constraint("approvalpolicy", RiskLevel, field="risk"),
             status_constraint("approvalpolicy", ApprovalMode, field="mode"),
         ]
@@ -229,6 +237,9 @@ class ApprovalPolicy(models.Model):
         errors = conditions_errors(self.conditions)
         if errors:
             raise ValidationError({"conditions": errors})
+        if self.ttl_seconds and self.escalate_before_seconds and self.escalate_before_seconds >= self.ttl_seconds:
+            raise ValidationError({"escalate_before_seconds": "Escalation comes before the request expires: "
+                                                              "give less than the time to live."})
 
 
 class VoteDecision(models.TextChoices):

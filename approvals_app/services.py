@@ -26,7 +26,7 @@ from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied, canonical_json, joins_transaction
 from agentops.permissions import DECIDE_APPROVALS
 from agentops.teams import REVIEW_ROLES, has_team_role, scope
-from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.models import MAX_TTL_SECONDS, ApprovalAudit, ApprovalGrant, ApprovalRequest
 from approvals_app.policies import ResolvedPolicy
 from approvals_app.quorum import quorum_vote
 from approvals_app.signals import approval_changed
@@ -126,6 +126,8 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
     if existing is not None:
         return existing
     ttl = ttl_seconds if ttl_seconds is not None else settings.AGENTOPS_APPROVAL_TTL_SECONDS
+    if ttl:  # a row written another way than the admin (its validators): at most a year, never an overflow
+        ttl = min(int(ttl), MAX_TTL_SECONDS)
     spec, spec_hash = approval_spec(tool_name=step.tool_name, arguments=step.arguments,
                                     sandbox_backend=sandbox_backend or None)
     approval = ApprovalRequest.objects.create(

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import jsonschema
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -79,7 +80,8 @@ class ToolDefinition(models.Model):
         help_text='Environment of the tool\'s sandboxed commands, {"NAME": "value"}; a value may reference a '
                   'secret of the session\'s team: {"API_TOKEN": "{{secret:api_token}}"} (resolved at run time).')
     approval_ttl_seconds = models.PositiveIntegerField(
-        null=True, blank=True, help_text="How long a request may wait; empty = the site default.")
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(365 * 86400)],
+        help_text="How long a request may wait (1 s to 365 days); empty = the site default.")
     enabled = models.BooleanField(default=True)
     # Where a tool from outside agentops comes from, as a hash (an MCP server's identity, the
     # tool's remote name and schema): part of the tool's version, so of every approval's hash.

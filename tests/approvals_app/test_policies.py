@@ -98,6 +98,30 @@ def test_a_backtracking_pattern_runs_in_linear_time() -> None:
     assert conditions_hold([{"path": "s", "op": "matches", "value": "^(a+)+!$"}], text)
 
 
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"ttl_seconds": 2**40}, "ttl_seconds"), ({"ttl_seconds": 0}, "ttl_seconds"),
+    ({"ttl_seconds": 60, "escalate_before_seconds": 3600}, "escalate_before_seconds"),
+])
+def test_a_time_to_live_outside_a_second_to_a_year_is_refused(fields: dict[str, Any], field: str) -> None:
+    """2**40 s was stored (SQLite) and overflowed every expiry: each call needing review failed and
+    its session stayed running with no error (an admin audit, 2026-12-04); 0 meant "never"."""
+    with pytest.raises(InvalidArguments) as exc:
+        policy(**fields)
+    assert field in exc.value.details
+
+
+def test_a_stored_time_to_live_past_a_year_expires_in_a_year() -> None:
+    from datetime import timedelta
+
+    from approvals_app.models import ApprovalPolicy
+
+    made = policy(tool_name="run_command", ttl_seconds=60)
+    ApprovalPolicy.objects.filter(pk=made.pk).update(ttl_seconds=2**31 - 1)  # 68 years, written around the admin
+    approval = pending()
+    assert approval.expires_at is not None
+    assert approval.expires_at - approval.created_at < timedelta(days=366)
+
+
 def test_quorum_outside_its_range_is_refused() -> None:
     with pytest.raises(InvalidArguments):
         policy(required_approvals=0)
