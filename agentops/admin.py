@@ -57,7 +57,7 @@ class ApiTokenAdmin(ChangedFieldsAdmin):
     readonly_fields = ["user", "prefix", "token_sha256", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_tokens"]
 
-    @admin.action(description="Revoke the selected tokens (for good)")
+    @admin.action(description="Revoke the selected tokens (for good)", permissions=["change"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         revoked = api_tokens_revoke(queryset)
         self.message_user(request, f"{revoked} token(s) revoked; {queryset.count() - revoked} already were.")

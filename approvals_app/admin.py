@@ -25,7 +25,11 @@ class ApprovalGrantAdmin(ReadOnlyAdmin):
     search_fields = ["tool_name", "session__id"]
     actions = ["revoke"]
 
-    @admin.action(description="Revoke the selected grants")
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        """Revoking needs the change permission on grants (the list itself stays read-only)."""
+        return request.user.has_perm("approvals_app.change_approvalgrant")
+
+    @admin.action(description="Revoke the selected grants", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApprovalGrant]) -> None:
         revoked = 0
         for grant in queryset:

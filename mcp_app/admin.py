@@ -29,7 +29,8 @@ class McpServerAdmin(ChangedFieldsAdmin):
     inlines = [McpToolInline]
     actions = ["refresh_tools", "apply_suggested_modes"]
 
-    @admin.action(description="Discover tools (list the server's tools and update their definitions)")
+    @admin.action(description="Discover tools (list the server's tools and update their definitions)",
+                  permissions=["change"])
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             report = mcp_server_refresh(server_id=server.id)
@@ -40,7 +41,7 @@ class McpServerAdmin(ChangedFieldsAdmin):
                                            f"changed, {len(report.removed)} removed, {report.invalidated} pending "
                                            "approvals invalidated")
 
-    @admin.action(description="Set each tool's approval mode to what its annotations suggest")
+    @admin.action(description="Set each tool's approval mode to what its annotations suggest", permissions=["change"])
     def apply_suggested_modes(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             changed = mcp_tools_apply_suggested_modes(server_id=server.id)

@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -8,8 +9,26 @@ from notify_app.models import Delivery, DeliveryAttempt, WebhookEndpoint
 from notify_app.services import delivery_replay
 
 
+class WebhookEndpointForm(forms.ModelForm):
+    """The signing secret is write-only, as the vault's values: it was shown in clear on the change
+    page, to anyone who could view endpoints."""
+
+    secret = forms.CharField(
+        required=False, strip=False, widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only: the stored secret is never shown. Leave empty to keep it.")
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["team", "name", "url", "secret", "events", "enabled"]
+
+    def clean_secret(self) -> str:
+        given = str(self.cleaned_data.get("secret") or "")
+        return given or ("" if self.instance._state.adding else self.instance.secret)
+
+
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
     list_display = ["name", "team", "url", "enabled", "created_at"]
     list_filter = ["enabled", "team"]
     fields = ["team", "name", "url", "secret", "events", "enabled"]
@@ -38,7 +57,11 @@ class DeliveryAdmin(ReadOnlyAdmin):
     inlines = [DeliveryAttemptInline]
     actions = ["replay"]
 
-    @admin.action(description="Send the selected deliveries again")
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        """Sending again needs the change permission on deliveries (the log itself stays read-only)."""
+        return request.user.has_perm("notify_app.change_delivery")
+
+    @admin.action(description="Send the selected deliveries again", permissions=["replay"])
     def replay(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
         done = 0
         for delivery in queryset:

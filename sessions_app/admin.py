@@ -38,6 +38,11 @@ class AgentSessionAdmin(ChangedFieldsAdmin):
                        "completion_tokens", "wall_seconds", "workspace", "created_at", "updated_at"]
     inlines = [TurnInline]
 
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Sessions start through the dashboard or the API (the service copies the agent's budgets
+        and team); an admin-made row had no budgets and could name another team."""
+        return False
+
     def save_model(self, request: HttpRequest, obj: AgentSession, form: Any, change: bool) -> None:
         """Only the changed columns (the engine rewrites the seq and counters with every event: a
         whole-row save put back those read when the edit was posted), then the title's search row.

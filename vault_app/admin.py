@@ -1,6 +1,7 @@
 """The vault in the Django admin: the value is a write-only field (never rendered back); saving
 goes through the services, which encrypt it."""
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -23,9 +24,27 @@ class SecretForm(forms.ModelForm):
         fields = ["team", "name", "description", "allowed_tools", "expires_at"]
 
     def clean(self) -> dict[str, Any]:
+        """The services' own checks, here: a refusal raised in save_model came after the admin had
+        decided the save worked ("added successfully", a link to a secret that does not exist)."""
         data = super().clean() or {}
-        if self.instance._state.adding and not data.get("value"):
+        adding = self.instance._state.adding
+        if adding and not data.get("value"):
             self.add_error("value", "A new secret needs a value.")
+        tools = data.get("allowed_tools")
+        if tools is not None and not isinstance(tools, list):
+            self.add_error("allowed_tools", "A JSON list of tool names or glob patterns.")
+            tools = None
+        checks: list[tuple[str, Callable[[], None]]] = [
+            ("name", lambda: services.secret_fields_check(name=data.get("name") if adding else None, value=None,
+                                                          allowed_tools=None)),
+            ("value", lambda: services.secret_fields_check(name=None, value=data.get("value"), allowed_tools=None)),
+            ("allowed_tools", lambda: services.secret_fields_check(name=None, value=None, allowed_tools=tools)),
+        ]
+        for field, check in checks:
+            try:
+                check()
+            except DomainError as exc:
+                self.add_error(field, exc.message)
         return data
 
 

@@ -62,6 +62,18 @@ def _checked_tools(allowed_tools: list[str]) -> list[str]:
     return sorted(set(cleaned))
 
 
+def secret_fields_check(*, name: str | None, value: str | None, allowed_tools: list[str] | None) -> None:
+    """The checks of create and update on what a form holds (the admin's form runs them, so a
+    refusal shows on the form rather than after a save that did not happen). DomainError."""
+    if name is not None and not SECRET_NAME_RE.match(name):
+        raise InvalidArguments("A secret's name is 1-100 characters: lower-case letters, digits, _ . - "
+                               "(starting with a letter or digit).", details={"field": "name"})
+    if value:
+        _checked_value(value)
+    if allowed_tools is not None:
+        _checked_tools(allowed_tools)
+
+
 @transaction.atomic
 def secret_create(*, actor: Any, team_id: int, name: str, value: str, allowed_tools: list[str],
                   description: str = "", expires_at: datetime | None = None) -> Secret:

@@ -1,0 +1,91 @@
+"""Defects an outside-in audit of the Django admin found (2026-12-04: every add and change page
+and action driven as a superuser and as a staff user with view permissions only)."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from agentops.models import ApiToken
+from hosts_app.models import SandboxHost
+from notify_app.models import WebhookEndpoint
+from tests import factories
+from tests.helpers import api_token
+from vault_app.models import Secret
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(db: None) -> Client:
+    client = Client()
+    client.force_login(factories.user("root", is_superuser=True, is_staff=True, teams=[]))
+    return client
+
+
+def test_a_secret_the_vault_refuses_is_shown_on_the_form_not_as_added(admin_client: Client) -> None:
+    """A value under 8 characters: the red refusal and a green "added successfully" with a link to
+    a secret that did not exist."""
+    team = factories.team("ops")
+    response = admin_client.post("/admin/vault_app/secret/add/", {
+        "team": team.pk, "name": "short_one", "value": "short", "allowed_tools": "[]", "description": ""})
+    assert response.status_code == 200  # the form again, with the error on the field
+    page = response.content.decode()
+    assert "at least 8 characters" in page and "added successfully" not in page
+    assert not Secret.objects.exists()
+    for field, value, message in (("name", "Bad Name", "lower-case letters"),
+                                  ("allowed_tools", '[""]', "tool names or glob patterns")):
+        form = {"team": team.pk, "name": "ok_name", "value": "long-enough-value", "allowed_tools": "[]",
+                "description": "", field: value}
+        assert message in admin_client.post("/admin/vault_app/secret/add/", form).content.decode()
+    assert not Secret.objects.exists()
+
+
+def test_the_webhook_secret_is_write_only(admin_client: Client) -> None:
+    endpoint = WebhookEndpoint.objects.create(team=factories.team("ops"), name="hook", url="https://example.org/h",
+                                              secret="whsec_TOPSECRET_123")
+    url = f"/admin/notify_app/webhookendpoint/{endpoint.pk}/change/"
+    assert "whsec_TOPSECRET_123" not in admin_client.get(url).content.decode()
+    kept = admin_client.post(url, {"team": endpoint.team_id, "name": "renamed", "url": endpoint.url, "secret": "",
+                                   "events": "[]", "enabled": "on"})
+    assert kept.status_code == 302, kept.content.decode()[:2000]
+    endpoint.refresh_from_db()
+    assert (endpoint.name, endpoint.secret) == ("renamed", "whsec_TOPSECRET_123")  # left empty: kept
+    admin_client.post(url, {"team": endpoint.team_id, "name": "renamed", "url": endpoint.url, "secret": "whsec_new",
+                            "events": "[]", "enabled": "on"})
+    endpoint.refresh_from_db()
+    assert endpoint.secret == "whsec_new"
+
+
+def test_sandbox_hosts_show_no_signing_key_and_make_no_runner(admin_client: Client) -> None:
+    runner = SandboxHost.objects.create(name="cust", kind=SandboxHost.Kind.RUNNER, team=factories.team("ops"),
+                                        token_hash="0" * 64, signing_key="ab12" * 16)
+    page = admin_client.get(f"/admin/hosts_app/sandboxhost/{runner.pk}/change/").content.decode()
+    assert "ab12ab12" not in page and "Signs its jobs" in page
+    add = admin_client.get("/admin/hosts_app/sandboxhost/add/").content.decode()
+    assert 'value="runner"' not in add and "POST /api/runners" in add
+    refused = admin_client.post("/admin/hosts_app/sandboxhost/add/", {
+        "name": "mine", "kind": "runner", "pool": "default", "labels": "[]", "capacity": 4})
+    assert refused.status_code == 200 and not SandboxHost.objects.filter(name="mine").exists()  # not a 500
+
+
+@pytest.mark.parametrize("path", ["/admin/hosts_app/sessionplacement/add/", "/admin/hosts_app/runnerresult/add/",
+                                  "/admin/sessions_app/agentsession/add/"])
+def test_add_pages_that_could_only_fail_or_skip_the_services_are_gone(admin_client: Client, path: str) -> None:
+    assert admin_client.get(path).status_code == 403
+
+
+def test_a_staff_user_who_may_only_view_tokens_cannot_revoke_them(db: None) -> None:
+    owner = factories.user("owner")
+    api_token(owner)
+    viewer = factories.user("viewer", is_staff=True, teams=[])
+    viewer.user_permissions.add(Permission.objects.get(codename="view_apitoken"))
+    client = Client()
+    client.force_login(viewer)
+    token = ApiToken.objects.get(user=owner)
+    listing = client.get("/admin/agentops/apitoken/").content.decode()
+    assert "revoke_tokens" not in listing
+    response = client.post("/admin/agentops/apitoken/", {"action": "revoke_tokens", "_selected_action": [token.pk]})
+    assert response.status_code in (200, 302)
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert isinstance(owner, User)
