@@ -12,6 +12,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from agentops.parser import UnsafeJSON, json_loads_strict
 from tools_app.sandbox.workspace import SANDBOX_MOUNT
 
 MAX_METADATA_PAIRS = 16
@@ -35,8 +36,10 @@ def unsupported(param: str, what: str) -> WireError:
 def body(request: HttpRequest) -> dict[str, Any]:
     if not request.body:
         return {}
-    try:
-        data = json.loads(request.body)
+    try:  # the API's strict reading: no lone surrogate, NUL, NaN, Infinity, 64-bit overflow or deep nesting
+        data = json_loads_strict(request.body)
+    except UnsafeJSON as exc:
+        raise WireError(f"The request body holds JSON agentops does not store: {exc}.", code="invalid_json") from exc
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError("The request body is not valid JSON.", code="invalid_json") from exc
     if not isinstance(data, dict):
@@ -126,7 +129,11 @@ def tools(value: Any, param: str = "tools") -> list[FunctionSpec]:
 
 
 def _agent_options(data: dict[str, Any], where: str) -> None:
-    """Refuse the agent settings agentops cannot honour."""
+    """Refuse the agent settings agentops cannot honour (and settings of the wrong type: "high" for
+    reasoning was answered 200 and ignored)."""
+    for name in ("multi_agent", "reasoning", "text", "compaction", "experimental"):
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise WireError(f"{name} is an object.", param=f"{where}{name}")
     multi = data.get("multi_agent")
     if isinstance(multi, dict) and multi.get("enabled"):
         raise unsupported(f"{where}multi_agent.enabled", "subagents")
@@ -205,10 +212,15 @@ def _input_text(value: Any, param: str) -> str:
         if isinstance(content, str):
             texts.append(content)
             continue
-        for j, part in enumerate(content or []):
+        if not isinstance(content, list):
+            raise WireError("A message's content is a string or a list of input_text parts.",
+                            param=f"{param}[{i}].content")
+        for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "input_text":
                 raise unsupported(f"{param}[{i}].content[{j}]", "input parts other than input_text")
-            texts.append(str(part.get("text", "")))
+            if not isinstance(part.get("text"), str):
+                raise WireError("An input_text part's text is a string.", param=f"{param}[{i}].content[{j}].text")
+            texts.append(part["text"])
     return "\n".join(texts)
 
 
@@ -299,7 +311,10 @@ def session_create(data: dict[str, Any]) -> SessionSpec:
             agent = agent_create(agent_data, "agent.", session=True)
     if agent_id is None and agent is None:
         raise WireError("Give agent_id, or agent with a model.", code="missing_required_parameter", param="agent_id")
-    stream = bool(data.get("stream"))
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:  # "false" streamed (a JSON answer awaited forever)
+        raise WireError("stream is true or false.", param="stream")
+    stream = bool(stream)
     text = _input_text(data["input"], "input") if data.get("input") is not None else ""
     if stream and not text.strip() and environment.type != "self_hosted":
         raise WireError("input is required when stream is true (except in a self_hosted environment).",

@@ -357,3 +357,34 @@ def test_another_team_cannot_rewrite_or_take_a_teams_tools(wire_client: Client) 
     # an agent of the owning team may still change its own tool's description
     mine = _post(wire_client, "/agents", {"model": "scripted", "tools": [{**WEATHER, "description": "v2"}]})
     assert mine.status_code == 409  # ... unless another team's agent uses it now: then it is shared as it is
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/agents", '{"model": "scripted", "name": "\\ud800"}', None),
+    ("/agents", '{"model": "scripted", "tools": [{"type": "function", "name": "t", "parameters": '
+                '{"type": "object", "properties": {"a": {"type": "number", "maximum": NaN}}}}]}', None),
+    ("/agents", '{"model": "scripted", "metadata": {"n": 100000000000000000000000000000}}', None),
+    ("/agents", '{"model": "scripted", "reasoning": "high"}', "reasoning"),
+    ("/agents/sessions", '{"environment": {"type": "none"}, "agent": {"model": "scripted"}, '
+                         '"input": [{"role": "user", "content": 5}]}', "input[0].content"),
+    ("/agents/sessions", '{"environment": {"type": "none"}, "agent": {"model": "scripted"}, '
+                         '"input": [{"role": "user", "content": [{"type": "input_text", "text": {"a": 1}}]}]}',
+     "input[0].content[0].text"),
+    ("/agents/sessions", '{"environment": {"type": "none"}, "agent": {"model": "scripted"}, "stream": "false", '
+                         '"input": "say x"}', "stream"),
+])
+def test_wire_input_agentops_does_not_store_is_a_400_in_the_envelope(wire_client: Client, path: str, raw: str,
+                                                                     param: str | None) -> None:
+    """Found by driving the wire with the SDK (2026-12-04): a lone surrogate, NaN in a schema, a
+    number for a message's content were 500s (the SDK retries each twice); 64-bit overflow and a
+    text object were accepted; "stream": "false" opened an event stream that never ended."""
+    from sessions_app.models import AgentProfile, AgentSession
+
+    agents, sessions = AgentProfile.objects.count(), AgentSession.objects.count()
+    response = wire_client.post(f"/openai/v1{path}", raw, content_type="application/json", **BETA)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error", error
+    if param is not None:
+        assert error["param"] == param, error
+    assert (AgentProfile.objects.count(), AgentSession.objects.count()) == (agents, sessions)
