@@ -6,6 +6,7 @@ nothing on disk and dies with us. Usage: ``python -m agentops.embedded_redis -- 
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,9 @@ def embedded_redis() -> Iterator[str]:
         [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # Not in the terminal's process group: Ctrl-C reached it first, and the worker, gateway and
+        # announcer, still stopping, printed ~160 lines of connection errors. It stops last (below).
+        start_new_session=True,
     )
     deadline = time.monotonic() + 10
     while True:
@@ -58,6 +62,7 @@ def embedded_redis() -> Iterator[str]:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)  # each run left a /tmp/agentops-redis-* behind
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,8 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group, User
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -75,6 +77,10 @@ def user_provision(*, username: str, roles: list[str], teams: list[str],
         raise InvalidArguments("The username must not be empty.")
     user, created = User.objects.get_or_create(username=username)
     if password is not None:
+        try:  # the validators the login's password forms apply (12 characters, not common, ...)
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise InvalidArguments("The password is refused: " + " ".join(exc.messages)) from exc
         user.set_password(password)
     elif created:
         user.set_unusable_password()

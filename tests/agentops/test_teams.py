@@ -158,15 +158,19 @@ def test_agentops_user_creates_and_updates_with_roles_and_teams() -> None:
     factories.team("other")
     out = StringIO()
     call_command("agentops_user", "carol", "--roles", "operator,reviewer", "--teams", "demo,other",
-                 "--password", "s3cret!", stdout=out)
+                 "--password", "a-long-enough-passphrase", stdout=out)
     carol = User.objects.get(username="carol")
-    assert carol.check_password("s3cret!")
+    assert carol.check_password("a-long-enough-passphrase")
     assert sorted(carol.groups.values_list("name", flat=True)) == ["operators", "reviewers"]
     assert dict(TeamMembership.objects.filter(user=carol).values_list("team__slug", "role")) == {
         "demo": "both", "other": "both"}
     call_command("agentops_user", "carol", "--roles", "reviewer", "--teams", "demo", stdout=out)
     assert dict(TeamMembership.objects.filter(user=carol).values_list("team__slug", "role")) == {"demo": "reviewer"}
-    assert carol.check_password("s3cret!")  # unchanged without --password
+    assert carol.check_password("a-long-enough-passphrase")  # unchanged without --password
+    # The validators the README promises apply here too: "PW" made a superuser's password before.
+    with pytest.raises(CommandError, match="The password is refused: This password is too short"):
+        call_command("agentops_user", "root", "--roles", "admin", "--password", "PW", stdout=out)
+    assert not User.objects.filter(username="root").exists()
 
 
 @pytest.mark.parametrize(("roles", "teams", "message"), [
