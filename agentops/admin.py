@@ -1,10 +1,14 @@
-from typing import Any
+from typing import Any, cast
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from agentops.models import ApiToken, Team, TeamMembership
+from agentops.parser import UnsafeJSON, json_loads_strict
 from agentops.services import api_tokens_revoke
 
 
@@ -30,6 +34,31 @@ class ChangedFieldsAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
         elif fields := changed_fields(obj, form):
             obj.save(update_fields=fields)
+
+
+class StrictJSONFormField(forms.JSONField):
+    """The admin's JSON fields read as the API reads JSON (``agentops.parser``): NaN, Infinity, a
+    NUL or a lone surrogate in a string, 64-bit overflow or deep nesting are refused on the form.
+    Django's reading let them through, and the database's JSON check or its json type failed the
+    save with a 500 (policy conditions, agent metadata, tool schemas, host labels)."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and not self.disabled:
+            try:
+                json_loads_strict(value)
+            except UnsafeJSON as exc:
+                raise ValidationError(f"Enter valid JSON: {exc}.", code="invalid") from exc
+            except ValueError:
+                pass  # not JSON at all: Django's own message
+        return super().to_python(value)
+
+
+def strict_json_everywhere(site: admin.AdminSite) -> None:
+    """Every registered ModelAdmin reads its JSON fields with ``StrictJSONFormField`` (called once
+    every app's admin is registered: ``AgentopsConfig.ready``, the last app)."""
+    for model_admin in site._registry.values():
+        overrides = cast(dict[Any, Any], model_admin.formfield_overrides)  # the instance's own dict (its __init__)
+        overrides.setdefault(models.JSONField, {"form_class": StrictJSONFormField})
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

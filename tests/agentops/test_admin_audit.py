@@ -89,3 +89,20 @@ def test_a_staff_user_who_may_only_view_tokens_cannot_revoke_them(db: None) -> N
     token.refresh_from_db()
     assert token.revoked_at is None
     assert isinstance(owner, User)
+
+
+@pytest.mark.parametrize("raw", ['[{"path": "a", "op": "gt", "value": NaN}]', '[{"path": "a", "op": "gt", "value": 1e400}]',
+                                 '[{"path": "a", "op": "eq", "value": "\\u0000"}]'])
+def test_json_the_database_cannot_hold_is_refused_on_the_form(admin_client: Client, raw: str) -> None:
+    """NaN, Infinity and NUL passed Django's JSON reading and failed the save: a 500 on SQLite's
+    JSON check and PostgreSQL's json type, on every admin JSON field."""
+    from approvals_app.models import ApprovalPolicy
+
+    response = admin_client.post("/admin/approvals_app/approvalpolicy/add/", {
+        "name": "p", "position": 1, "tool_name": "run_command", "conditions": raw, "mode": "mutating",
+        "risk": "high", "required_approvals": 1, "enabled": "on"})
+    assert response.status_code == 200 and "Enter valid JSON" in response.content.decode()
+    assert not ApprovalPolicy.objects.exists()
+    labels = admin_client.post("/admin/hosts_app/sandboxhost/add/", {
+        "name": "h", "kind": "hosted", "pool": "default", "labels": "[NaN]", "capacity": 4})
+    assert labels.status_code == 200 and "Enter valid JSON" in labels.content.decode()
