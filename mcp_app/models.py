@@ -5,8 +5,10 @@ Each discovered tool is also a ``tools_app.ToolDefinition`` (kind ``mcp``, named
 records it on the same path; ``mcp_app.runner`` is what calls the server.
 """
 
+import re
 from typing import ClassVar
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -74,6 +76,35 @@ class McpServer(StateMachine, models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """What a server needs to be reached, checked when it is saved (the admin's form calls this):
+        each of these saved fine and failed at discovery, a 500 for some (a string command ran
+        character by character; headers that were a list)."""
+        errors: dict[str, str] = {}
+        if self.transport == McpTransport.STDIO:
+            if not isinstance(self.command, list) or not self.command or not all(
+                    isinstance(a, str) and a for a in self.command):
+                errors["command"] = 'A non-empty JSON list of strings, e.g. ["python3", "/srv/server.py"].'
+            if not isinstance(self.mounts, list) or not all(
+                    isinstance(m, str) and m.startswith("/") and m not in FORBIDDEN_MOUNTS for m in self.mounts):
+                errors["mounts"] = (f"A JSON list of absolute host paths (not {', '.join(sorted(FORBIDDEN_MOUNTS))}).")
+        elif not self.url:
+            errors["url"] = "An http server needs its URL."
+        if not isinstance(self.env, dict) or not all(
+                isinstance(k, str) and ENV_NAME_RE.match(k) and isinstance(v, str) for k, v in self.env.items()):
+            errors["env"] = 'A JSON object of NAME → text, e.g. {"TOKEN": "{{secret:tracker_token}}"}.'
+        if not isinstance(self.headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and not set(k + v) & {"\r", "\n"}
+                for k, v in self.headers.items()):
+            errors["headers"] = "A JSON object of header → text (no line breaks)."
+        if errors:
+            raise ValidationError(errors)
+
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Host paths a server may not see (even read-only): credentials and the machine's configuration.
+FORBIDDEN_MOUNTS = frozenset({"/", "/etc", "/root", "/home", "/proc", "/sys", "/dev", "/var", "/boot"})
 
 
 class McpTool(models.Model):

@@ -18,7 +18,7 @@ from django.utils import timezone
 from mcp import types
 
 from agentops import dispatch
-from agentops.domain import canonical_json
+from agentops.domain import DomainError, canonical_json
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_request_create, approval_transition
 from sessions_app.events import event_record
@@ -111,7 +111,7 @@ def mcp_server_refresh(*, server_id: int) -> RefreshReport:
     workspace = discovery_workspace()
     try:
         tools = list_tools(server_connection(server, workspace=workspace))
-    except McpFailure as exc:
+    except (McpFailure, DomainError) as exc:  # DomainError: a {{secret:NAME}} the vault refuses (was a 500)
         mcp_server_status_record(server_id=server.id, status=McpServer.Status.ERROR, message=exc.message)
         return RefreshReport(error=exc.message)
     finally:

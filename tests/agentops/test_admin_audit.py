@@ -91,7 +91,8 @@ def test_a_staff_user_who_may_only_view_tokens_cannot_revoke_them(db: None) -> N
     assert isinstance(owner, User)
 
 
-@pytest.mark.parametrize("raw", ['[{"path": "a", "op": "gt", "value": NaN}]', '[{"path": "a", "op": "gt", "value": 1e400}]',
+@pytest.mark.parametrize("raw", ['[{"path": "a", "op": "gt", "value": NaN}]',
+                                 '[{"path": "a", "op": "gt", "value": 1e400}]',
                                  '[{"path": "a", "op": "eq", "value": "\\u0000"}]'])
 def test_json_the_database_cannot_hold_is_refused_on_the_form(admin_client: Client, raw: str) -> None:
     """NaN, Infinity and NUL passed Django's JSON reading and failed the save: a 500 on SQLite's
@@ -106,3 +107,38 @@ def test_json_the_database_cannot_hold_is_refused_on_the_form(admin_client: Clie
     labels = admin_client.post("/admin/hosts_app/sandboxhost/add/", {
         "name": "h", "kind": "hosted", "pool": "default", "labels": "[NaN]", "capacity": 4})
     assert labels.status_code == 200 and "Enter valid JSON" in labels.content.decode()
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"command": '"python3 server.py"'}, "command"), ({"command": "[]"}, "command"), ({"command": "[1, 2]"}, "command"),
+    ({"mounts": '["relative/path"]'}, "mounts"), ({"mounts": '["/etc"]'}, "mounts"),
+    ({"env": '{"A B": "x"}'}, "env"), ({"env": '{"A": 1}'}, "env"), ({"headers": "[1]"}, "headers"),
+    ({"transport": "http", "url": ""}, "url"),
+])
+def test_an_mcp_server_that_cannot_be_reached_is_refused_on_the_form(admin_client: Client, fields: dict[str, str],
+                                                                    field: str) -> None:
+    """Each saved fine and failed at discovery (a string command ran character by character;
+    headers that were a list: a 500)."""
+    from mcp_app.models import McpServer
+
+    form = {"team": factories.team("ops").pk, "name": "tracker", "transport": "stdio",
+            "command": '["python3", "/srv/server.py"]', "mounts": "[]", "url": "", "headers": "{}", "env": "{}",
+            "network": "none", "timeout_seconds": 30, "enabled": "on", **fields,
+            "tools-TOTAL_FORMS": 0, "tools-INITIAL_FORMS": 0}
+    response = admin_client.post("/admin/mcp_app/mcpserver/add/", form)
+    assert response.status_code == 200, response.status_code
+    assert response.context["adminform"].form.errors.get(field), response.context["adminform"].form.errors
+    assert not McpServer.objects.exists()
+
+
+def test_discovery_of_a_server_naming_a_missing_secret_is_an_error_message_not_a_500(admin_client: Client) -> None:
+    from mcp_app.models import McpServer
+
+    server = McpServer.objects.create(team=factories.team("ops"), name="tracker", command=["python3", "/srv/x.py"],
+                                      env={"TOKEN": "{{secret:does_not_exist}}"})
+    response = admin_client.post("/admin/mcp_app/mcpserver/", {"action": "refresh_tools",
+                                                                "_selected_action": [server.pk]}, follow=True)
+    assert response.status_code == 200
+    assert "does_not_exist" in response.content.decode()
+    server.refresh_from_db()
+    assert server.status == McpServer.Status.ERROR
