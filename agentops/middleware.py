@@ -58,8 +58,11 @@ class NulRefusalMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if "\x00" in request.path or any("\x00" in key or any("\x00" in v for v in values)
                                          for key, values in request.GET.lists()):
-            return JsonResponse({"code": "bad_request", "message": "The URL contains a NUL character.",
-                                 "details": {}}, status=400)
+            message = "The URL contains a NUL character."
+            if request.path.startswith("/openai/"):  # the wire's own envelope
+                return JsonResponse({"error": {"message": message, "type": "invalid_request_error",
+                                               "code": "bad_request", "param": None}}, status=400)
+            return JsonResponse({"code": "bad_request", "message": message, "details": {}}, status=400)
         return self.get_response(request)
 
 
@@ -117,7 +120,7 @@ class BodyLimitASGI:
         except ValueError:
             declared_length = 0
         if declared_length > limit:
-            await _refuse_too_large(send, limit, declared_length)
+            await _refuse_too_large(send, limit, declared_length, scope)
             return
         messages: list[dict[str, Any]] = []
         size = 0
@@ -127,7 +130,7 @@ class BodyLimitASGI:
                 return
             size += len(message.get("body", b""))
             if size > limit:
-                await _refuse_too_large(send, limit, size)
+                await _refuse_too_large(send, limit, size, scope)
                 return
             messages.append(message)
             if not message.get("more_body", False):
@@ -210,9 +213,14 @@ class RequestGateASGI:
                 gate.release()
 
 
-async def _refuse_too_large(send: Any, limit: int, size: int) -> None:
-    body = json.dumps({"code": "payload_too_large", "message": f"The request body is over the limit of {limit} bytes.",
-                       "details": {"limit": limit, "received_at_least": size}}).encode()
+async def _refuse_too_large(send: Any, limit: int, size: int, scope: dict[str, Any]) -> None:
+    message = f"The request body is over the limit of {limit} bytes."
+    if str(scope.get("path", "")).startswith("/openai/"):  # the wire's own envelope
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                     "code": "payload_too_large", "param": None}}).encode()
+    else:
+        body = json.dumps({"code": "payload_too_large", "message": message,
+                           "details": {"limit": limit, "received_at_least": size}}).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

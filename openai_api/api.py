@@ -81,7 +81,10 @@ def on_wire_error(request: HttpRequest, exc: parse.WireError) -> HttpResponse:
 @api.exception_handler(DomainError)
 def on_domain_error(request: HttpRequest, exc: DomainError) -> HttpResponse:
     param = exc.details.get("field") if isinstance(exc.details.get("field"), str) else None
-    return error_response(exc.status, exc.code, exc.message, param)
+    # The wire's invalid parameters are 400s (the SDK's BadRequestError); its 422 is a reused
+    # Idempotency-Key only. agentops's own API answers these 422.
+    status = 400 if exc.status == 422 and exc.code != "idempotency_key_reused" else exc.status
+    return error_response(status, exc.code, exc.message, param)
 
 
 @api.exception_handler(ValidationError)

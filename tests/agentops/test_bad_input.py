@@ -147,6 +147,26 @@ def test_asgi_declared_length_over_the_limit_is_413_before_any_byte_is_read(sett
     assert json.loads(body)["details"]["limit"] == 1000
 
 
+def test_the_openai_wire_refuses_a_body_over_the_limit_in_its_own_envelope(settings: Any) -> None:
+    """It came back in agentops's envelope, which the openai SDK does not read."""
+    settings.AGENTOPS_MAX_REQUEST_BYTES = 1000
+    status, body, _ = asgi_post("/openai/v1/agents", [b"x" * 5000], [(b"content-length", b"5000")])
+    assert status == 413 and json.loads(body)["error"]["code"] == "payload_too_large"
+
+
+def test_the_openai_wire_refuses_in_its_own_envelope(settings: Any, operator: User) -> None:
+    """A NUL in the URL under /openai/ came back in agentops's envelope; the wire's invalid
+    parameters were 422s (the SDK's 422 is a reused Idempotency-Key)."""
+    nul = api_client(operator).get("/openai/v1/agents/sessions?limit=%00")
+    assert nul.status_code == 400 and nul.json()["error"]["code"] == "bad_request"
+    agent = factories.agent_profile()
+    long_input = api_client(operator).post("/openai/v1/agents/sessions", json.dumps(
+        {"environment": {"type": "none"}, "agent_id": agent.slug, "input": "x" * 200_001}),
+        content_type="application/json")
+    assert long_input.status_code == 400, long_input.content
+    assert long_input.json()["error"]["param"] == "input"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_asgi_streamed_body_under_the_limit_reaches_the_api() -> None:
     user = factories.user(groups=["operators"])
