@@ -248,8 +248,10 @@ def session_events_stream_api(request: AuthedRequest, session_id: str, after: in
     waiting = selectors.client_steps_waiting(session.id)
     snapshot = _session_snapshot(session)
     active = [t for t in selectors.turns_of_session(session.id) if t.is_active]
+    announced, arguments = selectors.stream_seen(session.id, start) if start else (set(), {})
     stream = wire.WireStream(snapshot=snapshot, actions=snapshot["required_actions"], turns=active,
-                             client_steps={str(s.id): s.call_id for s in waiting})
+                             client_steps={str(s.id): s.call_id for s in waiting},
+                             seen=wire.StreamSeen(frozenset(announced), arguments))
     return _sse(_wire_stream(request, session.id, start, stream))
 
 

@@ -29,6 +29,7 @@ above. Parsing requests lives in ``parse``, the routes in ``api``, writes in ``s
 import json
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -346,6 +347,15 @@ def deleted(object_id: str, kind: str) -> dict[str, Any]:
 
 # --- the live translation of agentops events ---------------------------------------------------
 
+@dataclass(frozen=True)
+class StreamSeen:
+    """What a client resuming after a seq saw of the active turns (``sessions_app.selectors``'s
+    ``stream_seen``): the model steps whose message item was announced, the tool steps' arguments."""
+
+    announced: frozenset[str] = frozenset()
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
 class WireStream:
     """Turns one session's agentops events (``Event.as_dict()``, in seq order) into wire events.
 
@@ -357,14 +367,18 @@ class WireStream:
     """
 
     def __init__(self, *, snapshot: dict[str, Any], actions: list[dict[str, Any]] | None = None,
-                 turns: Iterable[Turn] = (), client_steps: dict[str, str] | None = None) -> None:
+                 turns: Iterable[Turn] = (), client_steps: dict[str, str] | None = None,
+                 seen: "StreamSeen | None" = None) -> None:
         self.snapshot = dict(snapshot)
         self.actions: dict[str, dict[str, Any]] = {self._key(a): a for a in actions or []}
         self.turns: dict[str, dict[str, Any]] = {}
         for turn in turns:
             self.turns[str(turn.id)] = turn_out(turn, self.snapshot["agent"]["id"])
         self.client_steps: dict[str, str] = dict(client_steps or {})  # step id → call id
-        self.announced: set[str] = set()  # model steps whose message item was added
+        # A stream resumed after a seq starts from what the client saw up to it (``StreamSeen``): the
+        # same agentops event then gives the same wire events, with the same event_ids, as live.
+        self.announced: set[str] = set(seen.announced) if seen else set()  # model steps whose item was added
+        self.arguments: dict[str, Any] = dict(seen.arguments) if seen else {}  # tool step id → its arguments
         self.indices: dict[str, int] = {}  # model step id → its index in the turn (the output index)
         self.opened: dict[str, int | None] = {}  # child session id → when its subagent.created was seen
         self.spawns: dict[str, list[dict[str, Any]]] = {}  # spawn step id → the children it started
@@ -471,6 +485,7 @@ class WireStream:
                         {"type": "agent.session.turn.item.done", **base, "output_index": index, "item": item}]
             if tool == SPAWN_TOOL:  # its items come with the children it starts (subagents.spawned)
                 return []
+            self.arguments[step_id] = arguments
             return [{"type": "agent.session.turn.item.added", **base, "output_index": index,
                      "item": mcp_call_item(step_id, turn_id, tool, arguments or {}, status="in_progress")}]
         if kind in ("tool.completed", "tool.failed", "tool.rejected", "tool.expired", "tool.cancelled") and step_id:
@@ -486,9 +501,13 @@ class WireStream:
             tool = str(payload.get("tool", ""))
             if tool == SPAWN_TOOL and (step_id in self.spawns or _answers(result)):
                 return self._spawn_settled(event, base, status)
+            if kind == "tool.rejected" and not result:  # its reason, as the items endpoint says it
+                reason = payload.get("reason") or "(none given)"
+                result = {"output": f"The reviewer rejected this call. Reason: {reason}"}
+            # item.done is the whole item: the arguments its item.added carried (the settling event has none)
+            arguments = payload.get("arguments") or self.arguments.pop(step_id, None) or {}
             done = {"type": "agent.session.turn.item.done", **base, "output_index": index,
-                    "item": mcp_call_item(step_id, turn_id, tool, payload.get("arguments") or {}, status=status,
-                                          result=result)}
+                    "item": mcp_call_item(step_id, turn_id, tool, arguments, status=status, result=result)}
             if tool == SPAWN_TOOL:  # refused before it started a child: announced only now
                 return [{**done, "type": "agent.session.turn.item.added"}, done]
             return [done]

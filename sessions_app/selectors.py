@@ -426,6 +426,22 @@ def artifact_file_get(*, artifact_id: Any, user: Any, session_id: Any = None) ->
     return ArtifactFile(artifact=artifact, path=path)
 
 
+def stream_seen(session_id: Any, until_seq: int) -> tuple[set[str], dict[str, Any]]:
+    """Of the session's active turns, up to ``until_seq``: the model steps that streamed text
+    (``model.delta``) and the tool steps' arguments (``tool.started``). One query."""
+    announced: set[str] = set()
+    arguments: dict[str, Any] = {}
+    rows = (Event.objects.filter(session_id=session_id, seq__lte=until_seq, type__in=("model.delta", "tool.started"),
+                                 turn__status__in=Turn.ACTIVE, step_id__isnull=False)
+            .values_list("type", "step_id", "payload"))
+    for type_, step_id, payload in rows:
+        if type_ == "model.delta":
+            announced.add(str(step_id))
+        else:
+            arguments[str(step_id)] = (payload or {}).get("arguments")
+    return announced, arguments
+
+
 def client_steps_waiting(session_id: Any) -> list[Step]:
     """Tool steps of the session's active turn that wait for the integration's output: running
     with no lease (a leased running step is a command a worker runs). In order."""

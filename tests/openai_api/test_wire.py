@@ -1,7 +1,10 @@
 """The live translation of agentops events into wire events (``openai_api.wire.WireStream``)."""
 
+import json
 import uuid
 from typing import Any
+
+import pytest
 
 from openai_api.wire import WireStream
 
@@ -94,3 +97,58 @@ def test_streamed_text_is_one_message_item_at_its_step_index() -> None:
     assert {e["output_index"] for e in out} == {3}
     assert {e.get("item_id") or e["item"]["id"] for e in out} == {f"msg_{uuid.UUID(model_step).hex}"}
     assert "".join(e["delta"] for e in out if "delta" in e) == out[-1]["item"]["content"][0]["text"]
+
+
+def test_a_stream_resumed_after_a_seq_gives_each_event_the_ids_it_had_live() -> None:
+    """Resumed after the model's first delta, model.completed gave an item.added again (the client
+    had it) and so renumbered its events: evt_7_0 was output_text.done live and item.added resumed,
+    and the SDK, which drops repeated event_ids, kept the wrong ones. An mcp_call's item.done also
+    lost the arguments its item.added carried, and a rejection its reason (a wire audit, 2026-12-04)."""
+    from openai_api.wire import StreamSeen
+
+    tool_step = str(uuid.uuid4())
+    events: list[tuple[str, dict[str, Any], str | None]] = [
+              ("turn.queued", {"index": 1, "input": "go"}, None), ("turn.started", {}, None),
+              ("model.started", {"index": 0}, STEP), ("model.delta", {"text": "look"}, STEP),
+              ("model.completed", {"index": 0, "content": "looking", "tool_calls": [{"id": "c"}]}, STEP),
+              ("tool.started", {"index": 1, "tool": "tracker__open", "arguments": {"title": "x"}}, tool_step),
+              ("tool.rejected", {"index": 1, "tool": "tracker__open", "reason": "not today"}, tool_step)]
+    live = _feed(_stream(), *events)
+    by_id = {e["event_id"]: e for e in live}
+    delta_seq = 4
+    resumed_stream = WireStream(snapshot=_stream().snapshot, seen=StreamSeen(frozenset({STEP}), {}))
+    resumed = []
+    for seq, (kind, payload, step) in enumerate(events, start=1):
+        if seq > delta_seq:
+            resumed += resumed_stream.translate({"seq": seq, "type": kind, "session_id": SESSION, "turn_id": TURN,
+                                                 "step_id": step, "payload": payload, "created_at": AT})
+    assert [e["event_id"] for e in resumed] == [e["event_id"] for e in live if int(e["event_id"].split("_")[1]) > 4]
+    assert all(e == by_id[e["event_id"]] for e in resumed)
+    done = [e for e in live if e["type"] == "agent.session.turn.item.done" and e["item"]["type"] == "mcp_call"]
+    assert json.loads(done[0]["item"]["arguments"]) == {"title": "x"}
+    assert done[0]["item"]["error"] == "The reviewer rejected this call. Reason: not today"
+    # resumed after tool.started: its arguments come from what the client saw (stream_seen)
+    seen = StreamSeen(frozenset({STEP}), {tool_step: {"title": "x"}})
+    after_start = WireStream(snapshot=_stream().snapshot, seen=seen)
+    (again,) = after_start.translate({"seq": 7, "type": "tool.rejected", "session_id": SESSION, "turn_id": TURN,
+                                      "step_id": tool_step, "payload": events[6][1], "created_at": AT})
+    assert again == done[0]
+
+
+@pytest.mark.django_db
+def test_what_a_resuming_client_saw_is_read_from_the_active_turns_events() -> None:
+    from sessions_app.events import event_record
+    from sessions_app.selectors import stream_seen
+    from sessions_app.services import turn_create
+    from tests import factories
+
+    session = factories.session()
+    turn = turn_create(session_id=session.id, input="go")
+    model = factories.step(turn, kind="model", tool_name="", index=0)
+    tool = factories.step(turn, tool_name="list_files", index=1)
+    event_record(session_id=session.id, turn_id=turn.id, step_id=model.id, type="model.delta", payload={"text": "a"})
+    event_record(session_id=session.id, turn_id=turn.id, step_id=tool.id, type="tool.started",
+                 payload={"tool": "list_files", "arguments": {"path": "."}})
+    last = session.__class__.objects.get(pk=session.pk).last_seq
+    assert stream_seen(session.id, last) == ({str(model.id)}, {str(tool.id): {"path": "."}})
+    assert stream_seen(session.id, last - 2) == (set(), {})  # before either
