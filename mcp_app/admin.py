@@ -4,7 +4,7 @@ from django.http import HttpRequest
 
 from agentops.admin import ChangedFieldsAdmin
 from mcp_app.models import McpServer, McpTool
-from mcp_app.services import mcp_server_refresh, mcp_tools_apply_suggested_modes
+from mcp_app.services import mcp_server_delete, mcp_server_refresh, mcp_tools_apply_suggested_modes
 
 
 class McpToolInline(admin.TabularInline):
@@ -28,6 +28,13 @@ class McpServerAdmin(ChangedFieldsAdmin):
     readonly_fields = ["status", "status_message", "checked_at", "created_at", "updated_at"]
     inlines = [McpToolInline]
     actions = ["refresh_tools", "apply_suggested_modes"]
+
+    def delete_model(self, request: HttpRequest, obj: McpServer) -> None:
+        mcp_server_delete(server_id=obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            mcp_server_delete(server_id=server.pk)
 
     @admin.action(description="Discover tools (list the server's tools and update their definitions)",
                   permissions=["change"])

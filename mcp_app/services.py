@@ -233,3 +233,13 @@ def mcp_pending_approvals_invalidate(*, tool_names: list[str]) -> int:
         dispatch.tick_enqueue(step.turn_id)
         count += 1
     return count
+
+
+@transaction.atomic
+def mcp_server_delete(*, server_id: int) -> None:
+    """Delete a server and disable the tool definitions it provided: they stayed enabled on the
+    agents that had them, and a call went to a reviewer before failing ("No MCP server provides ...")."""
+    names = list(McpTool.objects.filter(server_id=server_id).values_list("definition__name", flat=True))
+    ToolDefinition.objects.filter(name__in=names).update(enabled=False)
+    McpServer.objects.filter(pk=server_id).delete()
+    transaction.on_commit(tool_definitions_cache_clear)

@@ -6,6 +6,7 @@ CheckConstraint; status writes go through the transition services in ``services.
 
 import uuid
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -81,10 +82,20 @@ class AgentProfile(models.Model):
             raise ValidationError({"api_key_env": f"Not an allowed key variable; allowed: "
                                                   f"{', '.join(settings.AGENTOPS_MODEL_KEY_ENVS)} "
                                                   "(setting AGENTOPS_MODEL_KEY_ENVS)."})
+        errors: dict[str, str] = {}
         if not isinstance(self.starter_files, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.starter_files.items()
         ):
-            raise ValidationError({"starter_files": "Expected an object mapping paths to text."})
+            errors["starter_files"] = "Expected an object mapping paths to text."
+        elif any(k.startswith("/") or ".." in k.split("/") or not k.strip() for k in self.starter_files):
+            # the engine skips them (nothing is written outside the workspace), silently: say so here
+            errors["starter_files"] = "Paths are relative to the workspace, without '..'."
+        if self.base_url and urlsplit(self.base_url).scheme not in ("http", "https"):
+            errors["base_url"] = "An http:// or https:// URL of an OpenAI-compatible endpoint (or empty: the default)."
+        if not isinstance(self.metadata, dict):
+            errors["metadata"] = "A JSON object of key → value."
+        if errors:
+            raise ValidationError(errors)
 
 
 class SessionStatus(models.TextChoices):

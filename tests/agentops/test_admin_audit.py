@@ -142,3 +142,36 @@ def test_discovery_of_a_server_naming_a_missing_secret_is_an_error_message_not_a
     assert "does_not_exist" in response.content.decode()
     server.refresh_from_db()
     assert server.status == McpServer.Status.ERROR
+
+
+@pytest.mark.parametrize(("field", "value"), [("base_url", "not a url"), ("base_url", "file:///etc/passwd"),
+                                              ("starter_files", '{"../../etc/x": "y"}'),
+                                              ("starter_files", '{"/etc/passwd": "y"}'), ("metadata", "[1, 2]")])
+def test_an_agent_the_engine_would_silently_mishandle_is_refused(admin_client: Client, field: str,
+                                                                 value: str) -> None:
+    """A bad base URL failed every session with "APIConnectionError"; starter files outside the
+    workspace were skipped without a word; metadata is documented as key/value pairs."""
+    from sessions_app.models import AgentProfile
+
+    form = {"name": "Bad", "slug": "bad", "team": factories.team("ops").pk, "model": "m", "base_url": "",
+            "api_key_env": "", "instructions": "", "starter_files": "{}", "metadata": "{}", "enabled": "on",
+            "max_tool_calls": 5, "max_model_calls": "", "max_tokens": "", "max_wall_seconds": "",
+            "keep_recent_steps": 6, "verification_rounds": 2, field: value}
+    response = admin_client.post("/admin/sessions_app/agentprofile/add/", form)
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors.get(field), response.context["adminform"].form.errors
+    assert not AgentProfile.objects.filter(slug="bad").exists()
+
+
+def test_deleting_an_mcp_server_disables_the_tools_it_provided(admin_client: Client) -> None:
+    from mcp_app.models import McpServer, McpTool
+    from tools_app.models import ToolDefinition
+
+    server = McpServer.objects.create(team=factories.team("ops"), name="tracker", command=["python3", "/srv/x.py"])
+    definition = ToolDefinition.objects.create(name="tracker__open", kind="mcp")
+    McpTool.objects.create(server=server, definition=definition, remote_name="open", schema_sha256="0" * 64)
+    response = admin_client.post(f"/admin/mcp_app/mcpserver/{server.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not McpServer.objects.exists()
+    definition.refresh_from_db()
+    assert definition.enabled is False
