@@ -24,7 +24,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from agentops import errors, streamaccess
 from agentops.asyncdb import database_read
 from agentops.auth import BearerTokenAuth
-from agentops.domain import Conflict, DomainError, NotFound
+from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound
 from agentops.http import AuthedRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm, require_perm
 from approvals_app import selectors as approval_selectors
@@ -161,6 +161,16 @@ def _sse(stream: Any) -> StreamingHttpResponse:
 def session_create_api(request: AuthedRequest) -> Any:
     require_perm(request.user, OPERATE_SESSIONS)
     spec = parse.session_create(parse.body(request))
+    key = request.headers.get("Idempotency-Key", "")
+    started = selectors.session_started_with_key(user=request.user, key=key) if spec.stream and key else None
+    if started is not None:
+        # A streamed answer is not remembered by the Idempotency-Key middleware: the SDK's retry of
+        # a create whose stream broke made a second session. The first one streams again, from 0.
+        if started.turns.get(index=1).input != spec.input:
+            raise InvalidArguments("This Idempotency-Key started a session with another input.",
+                                   code="idempotency_key_reused")
+        stream = wire.WireStream(snapshot=wire.session_out(selectors.session_get(started.id, user=request.user)))
+        return _sse(_wire_stream(request, started.id, 0, stream))
     with transaction.atomic():  # an inline agent and the session it was made for: both, or neither
         session = _session_create(request, spec)
     if not spec.stream:

@@ -426,6 +426,13 @@ def artifact_file_get(*, artifact_id: Any, user: Any, session_id: Any = None) ->
     return ArtifactFile(artifact=artifact, path=path)
 
 
+def session_started_with_key(*, user: Any, key: str) -> AgentSession | None:
+    """The session ``user`` started with ``key`` as its first turn's Idempotency-Key, if any."""
+    turn = (Turn.objects.filter(index=1, created_by_id=getattr(user, "pk", None), idempotency_key=key)
+            .select_related("session").order_by("created_at").first())
+    return turn.session if turn is not None else None
+
+
 def stream_seen(session_id: Any, until_seq: int) -> tuple[set[str], dict[str, Any]]:
     """Of the session's active turns, up to ``until_seq``: the model steps that streamed text
     (``model.delta``) and the tool steps' arguments (``tool.started``). One query."""

@@ -305,3 +305,24 @@ def test_every_error_class_reaches_the_sdk_as_its_exception(sdk: OpenAI, world: 
     with pytest.raises(openai.RateLimitError):
         strict.beta.agents.sessions.create(environment={"type": "none"}, agent_id=agent.id, input="one more")
     strict.close()
+
+
+def test_a_streamed_create_retried_with_its_idempotency_key_streams_the_first_session(sdk: OpenAI,
+                                                                                         world: World) -> None:
+    """A streamed answer is not remembered by the Idempotency-Key middleware: the SDK's retry of a
+    create whose stream broke made a second session (a wire audit, 2026-12-04)."""
+    agent = sdk.beta.agents.create(model="scripted", name="retried")
+    key = str(uuid.uuid4())
+    ids = []
+    for _ in range(2):
+        stream = sdk.beta.agents.sessions.create(environment={"type": "none"}, agent_id=agent.id, input="say once",
+                                                 stream=True, extra_headers={"Idempotency-Key": key})
+        first = next(iter(stream))
+        stream.close()
+        assert first.type == "agent.session.created"
+        ids.append(first.session.id)
+    assert ids[0] == ids[1]
+    assert AgentSession.objects.filter(agent__name="retried").count() == 1
+    with pytest.raises(openai.UnprocessableEntityError):
+        sdk.beta.agents.sessions.create(environment={"type": "none"}, agent_id=agent.id, input="say other",
+                                        stream=True, extra_headers={"Idempotency-Key": key})
