@@ -197,3 +197,21 @@ def test_revoking_a_runner_wakes_its_long_poll(operator: User, django_capture_on
     with django_capture_on_commit_callbacks(execute=True):
         runners.runner_revoke(name="gone", actor=operator)
     assert client.lrange(wake_key("gone"), 0, -1) == [WAKE_REVOKED.encode()]
+
+
+def test_a_shared_hosts_load_counts_the_viewers_teams_only(operator: User) -> None:
+    """Another team's sessions on the shared host showed as its load ("30 / 8") to anyone with a
+    role: that team's activity (a browser audit, 2026-12-04). An admin sees all of it."""
+    from sessions_app.services import turn_create
+
+    shared = host("shared")
+    theirs = factories.user("olga", groups=["operators"], teams=["other"])
+    for owner, agent in ((operator, factories.agent_profile()),
+                         (theirs, factories.agent_profile(team=factories.team("other"), slug="theirs"))):
+        session = factories.session(owner=owner, agent=agent)
+        turn_create(session_id=session.id, input="go")
+        SessionPlacement.objects.create(session=session, host=shared)
+    admin = factories.user("root", is_superuser=True, is_staff=True, teams=[])
+    for user, load in ((operator, 1), (theirs, 1), (admin, 2)):
+        (row,) = [h for h in api_client(user).get("/api/hosts").json() if h["name"] == "shared"]
+        assert row["active_sessions"] == load, (user.username, row)
