@@ -56,8 +56,27 @@ def _wait_healthy(port: int, timeout: float = 120) -> None:
     print(f"warning: /healthz is not 200 after {timeout:.0f}s; see http://127.0.0.1:{port}/healthz", file=sys.stderr)
 
 
+def database_unreachable(url: str) -> str | None:
+    """Why PostgreSQL at ``url`` does not answer (None: it does, or the URL is not PostgreSQL's).
+    One connection with a 5-s timeout: a wrong DATABASE_URL otherwise took a minute of the pool's
+    retries to fail, ending in "couldn't get a connection after 30.00 sec"."""
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    import psycopg
+
+    try:
+        psycopg.connect(url.replace("postgres://", "postgresql://", 1), connect_timeout=5).close()
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
 def main() -> int:
     port = int(os.environ.get("PORT", "8000"))
+    unreachable = database_unreachable(os.environ.get("DATABASE_URL", ""))
+    if unreachable is not None:
+        print(f"make run: DATABASE_URL does not answer: {unreachable}", file=sys.stderr)
+        return 1
     host = os.environ.get("HOST", "127.0.0.1")
     env = dict(os.environ)
     # A local demo: the development secret key and the demo users are allowed (agentops/settings.py).

@@ -103,3 +103,14 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
     # Every child stops with make run (polled: a child may take a moment to exit after SIGTERM).
     wait_for(lambda: not alive(), 10, "every child of make run to exit")
     assert proc.returncode == 0
+
+
+def test_make_run_says_at_once_when_database_url_does_not_answer() -> None:
+    """A wrong DATABASE_URL took a minute of the pool's retries and ended in "couldn't get a
+    connection after 30.00 sec" (a README walk-through, 2026-12-04)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/nodb", "PORT": "1"}
+    done = subprocess.run([sys.executable, "-m", "agentops.run"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "DATABASE_URL does not answer" in done.stderr and "Connection refused" in done.stderr, done.stderr
