@@ -4,6 +4,8 @@ The batcher's rules against a controlled clock, then a real command under bubble
 import time
 from typing import Any
 
+import pytest
+
 from tools_app.sandbox import OutputBatcher, SandboxPolicy, parse_progress, run_sandboxed, workspace_for
 
 
@@ -131,3 +133,24 @@ def test_run_sandboxed_streams_output_while_the_command_runs(real_sandbox: dict[
     assert progress[-1] == {"done": 10, "total": 10, "percent": 100}
     assert len(progress) >= 2 and progress[0]["done"] < 10
     assert '@@progress {"done": 10, "total": 10}' in result.stdout  # the result keeps everything
+
+
+@pytest.mark.django_db
+def test_nul_in_a_commands_output_is_stored_as_a_replacement_character(real_sandbox: Any) -> None:
+    """``find -print0`` or a binary file: PostgreSQL's text and jsonb refuse NUL, and the write of the
+    whole outcome (or of its live output) failed (a sandbox audit, 2026-12-04)."""
+    from sessions_app.models import Step
+    from tests import factories
+    from tools_app.builtin import execute_tool
+
+    batcher, sent, _ = _batcher(interval=0.0)
+    batcher.feed("stdout", b"a\x00b\n")
+    batcher.close()
+    assert "\x00" not in "".join(str(m) for m in sent) and "a\ufffdb" in "".join(str(m) for m in sent)
+    result = execute_tool(name="run_command", workspace=workspace_for("s-nul"),
+                          arguments={"command": "printf 'a\\0b'"}).to_dict()
+    assert result["status"] == "completed" and result["output"] == "a\ufffdb", result
+    step = factories.step(factories.turn(factories.session()), tool_name="run_command")
+    Step.objects.filter(pk=step.pk).update(result=result)  # PostgreSQL: refused with the NUL
+    step.refresh_from_db()
+    assert (step.result or {})["output"] == "a\ufffdb"

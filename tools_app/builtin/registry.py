@@ -43,7 +43,20 @@ class ToolResult:
         return cls(status="failed", error_code=code, error_message=message, output=message, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The result as stored: NUL characters (``find -print0``, a binary file read) as U+FFFD,
+        since PostgreSQL's text and jsonb refuse them and the write of the whole outcome failed."""
+        return without_nul(asdict(self))
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL character in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value
 
 
 class ToolError(Exception):

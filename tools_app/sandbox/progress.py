@@ -73,7 +73,7 @@ class OutputBatcher:
         """A chunk read from ``stream`` ("stdout" or "stderr")."""
         if self.batches >= self.max_batches:
             return
-        self._pending[stream] += self._decoders[stream].decode(data)
+        self._pending[stream] += self._decoders[stream].decode(data).replace("\x00", "\ufffd")  # PostgreSQL refuses NUL
         if stream == "stdout" and PROGRESS_PREFIX.strip() in self._pending["stdout"]:
             self._take_progress_lines()
 
@@ -85,7 +85,7 @@ class OutputBatcher:
     def close(self) -> None:
         """The command ended: send what is left."""
         for name, decoder in self._decoders.items():
-            self._pending[name] += decoder.decode(b"", final=True)
+            self._pending[name] += decoder.decode(b"", final=True).replace("\x00", "\ufffd")
         self._take_progress_lines(final=True)
         self._send(final=True)
 
