@@ -20,6 +20,7 @@ from django.utils import timezone
 from agentops import dispatch
 from approvals_app.models import ApprovalRequest
 from approvals_app.services import approval_expire_due, approval_request_create
+from sessions_app import hooks
 from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.engine.turns import turn_fail
 from sessions_app.events import event_record
@@ -49,8 +50,29 @@ def sweep() -> dict[str, int]:
         if step_recover(step_id):
             counts["steps_recovered"] += 1
     counts["client_calls_timed_out"] = client_calls_expire(now=now)
+    counts["waits_overdue"] = engine_waits_overdue_wake(now=now)
     counts["turns_kicked"] = turns_kick_quiet(now=now)
     return counts
+
+
+def engine_waits_overdue_wake(*, now: datetime) -> int:
+    """Tick the turns whose engine-run step (``hooks.ENGINE_TOOLS``: subagents) waits past its tool's
+    timeout: the step's poll enforces the timeout, but only a tick asks it, and only a child's end
+    ticked the parent. A spawn of 15 s whose child ran 90 s waited the 90 s; one whose child waited
+    on an approval nobody decided, the approval's day. Each sweep wakes them until they settle."""
+    names = list(hooks.ENGINE_TOOLS)
+    if not names:
+        return 0
+    tools = tool_definitions_by_name()
+    waiting = Step.objects.filter(status=Step.Status.RUNNING, lease_expires_at__isnull=True, tool_name__in=names,
+                                  started_at__isnull=False).values_list("turn_id", "tool_name", "started_at")
+    woken = 0
+    for turn_id, tool_name, started_at in waiting:
+        tool = tools.get(tool_name)
+        if tool is not None and started_at is not None and started_at < now - timedelta(seconds=tool.timeout_seconds):
+            dispatch.tick_enqueue(turn_id)
+            woken += 1
+    return woken
 
 
 def turns_quiet(*, now: datetime, limit: int) -> list[uuid.UUID]:

@@ -190,3 +190,25 @@ def test_a_subagents_tool_subset_is_what_its_model_is_offered(spawner: AgentProf
     AgentSession.objects.filter(pk=session.pk).update(metadata={"agentops_tools": ["read_file"]})
     offered = {t["function"]["name"] for t in Conversation.load(step, deadline=0).tools}
     assert offered == {"read_file"}
+
+
+def test_a_spawn_past_its_timeout_is_woken_by_the_sweeper_and_times_its_children_out(
+        spawner: AgentProfile, oscar: User) -> None:
+    """The timeout was checked only when something ticked the parent, and only a child's end did:
+    a 15-s spawn whose child ran 90 s waited the 90 s (a subagents audit, 2026-12-04)."""
+    import time
+
+    from sessions_app.engine import recovery
+    from tools_app.models import ToolDefinition
+
+    ToolDefinition.objects.filter(name="spawn_subagents").update(timeout_seconds=2)
+    session, turn = start(spawner, oscar, script(spawn(child_task("slow", "sleep 60000", "say slow")),
+                                                 "say gave up after {results}"))
+    link = wait_for(lambda: SubagentLink.objects.filter(parent=session, index=0).first(), 30, "the child")
+    wait_for(lambda: Turn.objects.filter(session_id=link.child_id, status="running").exists(), 30, "the child running")
+    time.sleep(2.5)  # past the spawn's timeout; the child's model call still has ~55 s to go
+    assert recovery.sweep()["waits_overdue"] == 1
+    done = finished(turn, timeout=30)
+    assert done.status == "completed" and done.output_text.startswith("gave up after"), done.output_text
+    child = Turn.objects.get(session_id=link.child_id)
+    assert child.status == Turn.Status.CANCELLED and child.error_code == "timed_out"
