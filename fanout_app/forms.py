@@ -50,7 +50,7 @@ class BatchStartForm(forms.Form):
         if upload is not None:
             if upload.size > MAX_UPLOAD_BYTES:
                 raise forms.ValidationError(f"The file is over {MAX_UPLOAD_BYTES} bytes.")
-            text = upload.read().decode("utf-8", "replace")
+            text = upload.read().decode("utf-8-sig", "replace")  # Excel's "CSV UTF-8" starts with a BOM
         try:
             data["parsed_rows"] = parse_rows(text)
         except ValueError as exc:

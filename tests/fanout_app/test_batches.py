@@ -91,3 +91,7 @@ def test_batch_page_starts_from_an_uploaded_csv_and_shows_progress(operator: Use
     bad = client.post("/batches/new/", {"agent": agent.slug, "rows": '[{"input": "ok"}, {"input": ""}]'})
     assert bad.status_code == 422 and "row 1: input must be a non-empty string" in bad.content.decode()
     assert Batch.objects.count() == 1
+    # Excel's "CSV UTF-8" starts with a byte-order mark: its header read "\ufeffinput" and was refused.
+    excel = SimpleUploadedFile("excel.csv", b"\xef\xbb\xbfinput,title\ncheck seat,Seat\n")
+    assert client.post("/batches/new/", {"agent": agent.slug, "title": "xl", "file": excel}).status_code == 302
+    assert Batch.objects.count() == 2
