@@ -3,7 +3,7 @@
 import uuid
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from agentops.teams import scope
 from fanout_app.models import Batch, BatchMember, SubagentLink
@@ -81,15 +81,20 @@ def batch_get(batch_id: Any, *, user: Any) -> Batch:
 
 
 def batch_progress(batch: Batch) -> dict[str, Any]:
-    """Counts by session status, approvals waiting, failures (three queries)."""
+    """Counts by session status, approvals waiting, failures, cancelled (four queries)."""
     sessions = AgentSession.objects.filter(batch_member__batch=batch)
     counts = {row["status"]: row["n"] for row in sessions.values("status").annotate(n=Count("id"))}
     done = Turn.objects.filter(session__batch_member__batch=batch, status=Turn.Status.COMPLETED) \
         .values("session_id").distinct().count()
+    # A cancelled session is idle, its latest turn cancelled: "0 of 20 done" and 20 "Idle" rows
+    # said nothing of the 20 cancelled by the operator (a batches audit).
+    latest = Turn.objects.filter(session_id=OuterRef("pk")).order_by("-index").values("status")[:1]
+    cancelled = sessions.annotate(last=Subquery(latest)).filter(last=Turn.Status.CANCELLED).count()
     from approvals_app.models import ApprovalRequest
 
     waiting = ApprovalRequest.objects.filter(session__batch_member__batch=batch, status="pending").count()
     return {"size": batch.size, "by_status": counts, "completed_sessions": done, "approvals_waiting": waiting,
+            "cancelled": cancelled,
             "failed": counts.get(AgentSession.Status.FAILED, 0),
             "working": sum(counts.get(s, 0) for s in (AgentSession.Status.IN_PROGRESS,
                                                       AgentSession.Status.AWAITING_APPROVAL,

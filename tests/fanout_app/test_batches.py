@@ -95,3 +95,19 @@ def test_batch_page_starts_from_an_uploaded_csv_and_shows_progress(operator: Use
     excel = SimpleUploadedFile("excel.csv", b"\xef\xbb\xbfinput,title\ncheck seat,Seat\n")
     assert client.post("/batches/new/", {"agent": agent.slug, "title": "xl", "file": excel}).status_code == 302
     assert Batch.objects.count() == 2
+
+
+def test_a_batchs_progress_counts_its_cancelled_sessions(operator: User, agent: AgentProfile) -> None:
+    from sessions_app.engine.commands import session_cancel
+
+    api = api_client(operator)
+    created = api.post("/api/sessions/batch", json.dumps({"agent": agent.slug, "rows": [
+        {"input": "one"}, {"input": "two"}, {"input": "three"}]}), content_type="application/json")
+    assert created.status_code == 201, created.content
+    batch = Batch.objects.get()
+    for member in BatchMember.objects.filter(batch=batch)[:2]:
+        session_cancel(session_id=member.session_id, actor=operator)
+    progress = api.get(f"/api/batches/{batch.id}").json()["progress"]
+    assert progress["cancelled"] == 2 and progress["completed_sessions"] == 0
+    page = login(operator).get(f"/batches/{batch.id}/").content.decode()
+    assert '<dd data-count="cancelled">2</dd>' in page
