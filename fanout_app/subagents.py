@@ -95,10 +95,13 @@ def _budget_shares(session: AgentSession, n: int) -> dict[str, int | None]:
         if cap is None:
             shares[cap_name] = None
             continue
-        share = (cap - getattr(session, used_name)) // n
+        left = cap - getattr(session, used_name)
+        if cap_name == "max_tool_calls":
+            left -= 1  # the spawn call itself, counted when it settles (a budget of 4 ended at 5 of 4)
+        share = left // n
         if share < 1:
-            raise TaskError(f"Your {cap_name.removeprefix('max_')} budget has {cap - getattr(session, used_name)} "
-                            f"left: not enough for {n} subagents (each needs at least 1). Use fewer subagents.")
+            raise TaskError(f"Your {cap_name.removeprefix('max_')} budget has {left} left: not enough for {n} "
+                            f"subagents (each needs at least 1). Use fewer subagents.")
         shares[cap_name] = share
     if session.max_tokens is not None:
         left = session.max_tokens - session.prompt_tokens - session.completion_tokens

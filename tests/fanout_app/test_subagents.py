@@ -176,6 +176,20 @@ def test_subagents_draw_on_the_parents_budget(spawner: AgentProfile, oscar: User
     assert turn.status == Turn.Status.FAILED and turn.error_code == "budget_exceeded"
 
 
+def test_subagents_tool_shares_leave_room_for_the_spawn_call_itself(spawner: AgentProfile, oscar: User) -> None:
+    """With 4 tool calls, two children got 2 each and the parent ended at 5 of 4: the spawn call
+    counts too (a subagents audit, 2026-12-04)."""
+    twice = [tool("list_files", path=".")] * 2
+    session, turn = start(spawner, oscar, script(spawn(child_task("a", *twice, "say a"),
+                                                       child_task("b", *twice, "say b")), "say done"),
+                          budget={"max_tool_calls": 4})
+    finished(turn, timeout=60)
+    children = list(AgentSession.objects.filter(subagent_link__parent=session))
+    assert sorted(c.max_tool_calls or 0 for c in children) == [1, 1]
+    session.refresh_from_db()
+    assert session.tool_calls <= 4, session.tool_calls
+
+
 def test_a_subagents_tool_subset_is_what_its_model_is_offered(spawner: AgentProfile, oscar: User) -> None:
     """The subset narrows what the model sees, not only what the gate lets through: a child told to
     use `read_file` is offered `read_file` alone (the parent, without a subset, sees every tool)."""
