@@ -18,13 +18,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 from agentops import priority, webserve
 from agentops.embedded_redis import embedded_redis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+RESTARTS_MAX = 3
+RESTART_WINDOW_SECONDS = 60.0
 PY = sys.executable
 
 
@@ -93,21 +95,38 @@ def main() -> int:
         model: subprocess.Popen[bytes] | None = None
         mport = 0
 
-        def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, pass_fds=pass_fds)
+        # How to start each child again (a supervisor's restart): its argv, environment, fds, priority.
+        specs: dict[str, tuple[list[str], dict[str, str], tuple[int, ...], bool]] = {}
+
+        def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = (), child_env: dict[str, str] | None = None,
+                  background: bool = False) -> subprocess.Popen[bytes]:
+            specs[name] = (args, dict(child_env or env), pass_fds, background)
+            proc = subprocess.Popen(args, cwd=ROOT, env=child_env or env, start_new_session=True, pass_fds=pass_fds)
+            if background:
+                priority.background(proc.pid)  # the web answers first when the cores are short
             children.append((name, proc))
             return proc
 
+        def stop_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+            """Signal the child's whole process group, alive or not: a SIGKILLed Celery worker left
+            its beat process running, orphaned, writing tracebacks into the next run's log."""
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+
         def stop_all(*_: object) -> None:
-            for _name, proc in reversed(children):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            for _name, proc in children:
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            """The model server last: stopped with the rest, it failed every call the gateway was
+            still draining (its turns ended model_unavailable). The gateway's drain takes up to 30 s."""
+            first = [(n, p) for n, p in reversed(children) if n != "scripted model"]
+            last = [(n, p) for n, p in children if n == "scripted model"]
+            for group in (first, last):
+                for _name, proc in group:
+                    stop_group(proc, signal.SIGTERM)
+                deadline = time.monotonic() + 35
+                for _name, proc in group:
+                    try:
+                        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        stop_group(proc, signal.SIGKILL)
 
         stack.callback(stop_all)
         try:
@@ -132,16 +151,14 @@ def main() -> int:
             # The worker is also this machine's sandbox host "local" (queue sandbox.local): it registers
             # and heartbeats, sessions are pinned to it, and every process here shares its workspaces.
             local_host = env.get("AGENTOPS_SANDBOX_HOST") or "local"
-            worker = subprocess.Popen(
-                [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", f"engine,sandbox,sandbox.{local_host}",
-                 "--pool", "threads", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"),
-                 "-l", "warning", "--schedule", str(ROOT / "var" / "celerybeat-schedule")],
-                cwd=ROOT, env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
-                start_new_session=True)
-            priority.background(worker.pid)  # the web answers first when the cores are short
-            children.append(("worker", worker))
+            spawn("worker", [PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q",
+                             f"engine,sandbox,sandbox.{local_host}", "--pool", "threads", "--concurrency",
+                             os.environ.get("WORKER_CONCURRENCY", "8"), "-l", "warning", "--schedule",
+                             str(ROOT / "var" / "celerybeat-schedule")],
+                  child_env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
+                  background=True)
             env["AGENTOPS_WORKSPACE_HOST"] = local_host
-            priority.background(spawn("gateway", [PY, "manage.py", "model_gateway"]).pid)
+            spawn("gateway", [PY, "manage.py", "model_gateway"], background=True)
             for name, command in webserve.announcer_commands(PY, env).items():
                 spawn(name, command)  # renders and sends the live events
             # $AGENTOPS_WEB_PROCESSES daphne processes (default 2) on one listening socket: one
@@ -166,11 +183,28 @@ def main() -> int:
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        # A child that dies is started again, as a supervisor would (the durable state is in the
+        # database: a worker, gateway or web process killed mid-turn loses nothing); one that keeps
+        # dying (RESTARTS_MAX within RESTART_WINDOW_SECONDS) stops everything with its name.
+        deaths: dict[str, list[float]] = {}
         while not stopping["flag"]:
-            for name, proc in children:
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping", file=sys.stderr)
+            for i, (name, proc) in enumerate(children):
+                if proc.poll() is None or stopping["flag"]:
+                    continue
+                stop_group(proc, signal.SIGTERM)  # what it left behind (Celery's beat)
+                now = time.monotonic()
+                recent = [t for t in deaths.get(name, []) if now - t < RESTART_WINDOW_SECONDS] + [now]
+                deaths[name] = recent
+                if len(recent) >= RESTARTS_MAX:
+                    print(f"{name} exited with {proc.returncode} {len(recent)} times in "
+                          f"{RESTART_WINDOW_SECONDS:.0f} s; stopping", file=sys.stderr)
                     return 1
+                print(f"{name} exited with {proc.returncode}; starting it again", file=sys.stderr, flush=True)
+                args, child_env, pass_fds, background = specs[name]
+                fresh = subprocess.Popen(args, cwd=ROOT, env=child_env, start_new_session=True, pass_fds=pass_fds)
+                if background:
+                    priority.background(fresh.pid)
+                children[i] = (name, fresh)
             time.sleep(0.3)
         print("stopping…")
     return 0

@@ -90,10 +90,29 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
             finally:
                 stopped.resume()
             assert statuses == {401}
+        # A child SIGKILLed is started again (it stopped the whole product before), and what it left
+        # behind goes with it: the killed worker's Celery beat process (it ran on, orphaned).
+        killed = {c.pid: commands[c.pid] for c in children if c.ppid() == proc.pid  # make run's own children
+                  and ("model_gateway" in commands[c.pid] or "celery" in commands[c.pid])}
+        worker_group = [c for c in children if "celery" in commands[c.pid]]
+        assert len(worker_group) > len([pid for pid in killed if "celery" in killed[pid]])  # beat: not killed here
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in worker_group), 20,
+                 "the killed worker's processes (its beat) to be gone")
+
+        def replaced() -> bool:
+            now = " ".join(" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)
+                           if c.pid not in killed and c.is_running())
+            return "model_gateway" in now and "celery" in now
+        wait_for(replaced, 30, "a new gateway and worker")
+        wait_for(healthy, 60, "/healthz to answer 200 after the restarts", interval=0.5)
+        assert proc.poll() is None
+        children = psutil.Process(proc.pid).children(recursive=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
