@@ -28,7 +28,7 @@ from sessions_app.locks import session_lock
 from sessions_app.models import MODEL_KINDS, Step, Turn
 from sessions_app.services import step_transition
 from tools_app.models import NetworkPolicy, ToolDefinition
-from tools_app.sandbox import workspace_changed_since
+from tools_app.sandbox import changes_text, workspace_changes_since
 from tools_app.selectors import tool_definitions_by_name
 
 log = logging.getLogger(__name__)
@@ -204,10 +204,14 @@ def _recover(step: Step) -> str:
         return _in_doubt(step, "The worker died while the call ran; it may have reached the network, so its "
                                "effect is unknown.")
     # The manifest is saved before the command starts: without it nothing ran.
-    if step.manifest is None or not workspace_changed_since(workspace, step.manifest):
+    changes = workspace_changes_since(workspace, step.manifest) if step.manifest is not None else None
+    if changes is None:
         _back_to(step, Step.Status.APPROVED)
         return "retry"
-    return _in_doubt(step, "The worker died while the command ran and the workspace changed since it started.")
+    # Which files, so the reviewer can tell whether the command's effect happened ("the workspace
+    # changed" alone left them guessing whether count.txt already had its line).
+    return _in_doubt(step, "The worker died while the command ran and the workspace changed since it started: "
+                           f"{changes_text(changes)}.")
 
 
 def _in_doubt(step: Step, note: str) -> str:

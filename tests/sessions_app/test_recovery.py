@@ -96,6 +96,9 @@ def test_recovery_worker_killed_during_command_that_changed_workspace_goes_in_do
     assert (workspace / "count.txt").read_text() == "ran\n"  # the command ran once
     assert recovery_request.step_id == approval.step_id
     assert Event.objects.filter(step_id=approval.step_id, type="tool.in_doubt").exists()
+    # The reviewer is told which files changed (it said only "the workspace changed": a fault audit).
+    assert recovery_request.risk_note.endswith("changed since it started: created count.txt."), \
+        recovery_request.risk_note
     assert_gap_free(turn.session_id)
 
 

@@ -2,7 +2,7 @@
 
 from .backend import sandbox_status
 from .bubblewrap import run_sandboxed
-from .manifest import manifest_diff, workspace_changed_since, workspace_manifest
+from .manifest import changes_text, manifest_diff, workspace_changed_since, workspace_changes_since, workspace_manifest
 from .policy import CommandResult, SandboxPolicy, SandboxUnavailable
 from .progress import OutputBatcher, parse_progress
 from .workspace import (
@@ -35,6 +35,8 @@ __all__ = [
     "sandbox_ids",
     "sandbox_status",
     "workspace_changed_since",
+    "workspace_changes_since",
+    "changes_text",
     "workspace_file_sha256",
     "workspace_for",
     "workspace_manifest",

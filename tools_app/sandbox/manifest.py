@@ -130,9 +130,27 @@ def workspace_changed_since(workspace: Path | str, manifest: dict[str, Any]) -> 
     Conservative: an unknown manifest format or a truncated manifest counts as changed, because
     the caller uses "unchanged" as permission to run a mutating command again.
     """
-    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
-        return True
-    if not os.path.isdir(workspace):
-        return True
-    current = workspace_manifest(workspace, reuse=None)
-    return not diff_is_empty(manifest_diff(manifest, current))
+    return workspace_changes_since(workspace, manifest) is not None
+
+
+def workspace_changes_since(workspace: Path | str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What changed in the workspace since ``manifest`` (``manifest_diff``'s shape); None: nothing.
+    An unknown manifest or a missing workspace is a change whose paths are unknown (empty lists,
+    ``truncated`` true), as ``workspace_changed_since`` counts it."""
+    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or not os.path.isdir(workspace):
+        return {"created": [], "modified": [], "deleted": [], "truncated": True}
+    diff = manifest_diff(manifest, workspace_manifest(workspace, reuse=None))
+    return None if diff_is_empty(diff) else diff
+
+
+def changes_text(diff: dict[str, Any], *, most: int = 10) -> str:
+    """``modified count.txt; created out/a.txt, out/b.txt (and 3 more)``: for a reviewer."""
+    parts = []
+    for kind in ("modified", "created", "deleted"):
+        paths = diff.get(kind) or []
+        if paths:
+            more = f" (and {len(paths) - most} more)" if len(paths) > most else ""
+            parts.append(f"{kind} {', '.join(paths[:most])}{more}")
+    if diff.get("truncated"):
+        parts.append("more the manifest could not list")
+    return "; ".join(parts) or "unknown paths"
