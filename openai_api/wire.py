@@ -156,8 +156,9 @@ def environment_out(session: AgentSession) -> dict[str, Any]:
         host = session.placement.host.name
     except ObjectDoesNotExist:
         host = None
+    # remote_url is a string in the SDK's model (an exec-server's URL): agentops has none to give.
     return {"type": "self_hosted", "id": host, "workspace_directory": WORKSPACE, "capability_directories": [],
-            "remote_url": None}
+            "remote_url": ""}
 
 
 def session_out(session: AgentSession, *, actions: list[dict[str, Any]] | None = None,
@@ -171,6 +172,8 @@ def session_out(session: AgentSession, *, actions: list[dict[str, Any]] | None =
         "error": error if status == "failed" else None, "metadata": session_metadata_out(session.metadata),
         "vault_ids": [],
         "usage": usage_out(session.prompt_tokens, session.completion_tokens), "review": "none",
+        # Required by the SDK's AgentSession (3.63): agentops's budgets are its own (tokens, calls), no USD.
+        "spend_control": {"limit": None, "consumed": None},
     }
 
 

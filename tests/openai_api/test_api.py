@@ -142,6 +142,9 @@ def test_a_session_created_on_the_wire_is_an_agentops_session(wire_client: Clien
     assert body["metadata"] == {"k": "v"}
     assert body["object"] == "agent.session" and body["status"] == "in_progress"
     assert body["agent"]["id"] == agent["id"] and body["environment"] == {"type": "none"}
+    # The SDK's own model validates the session strictly (spend_control was missing: a wire audit).
+    from openai.types.beta.agent_session import AgentSession as SdkSession
+    SdkSession.model_validate(body, strict=False)
     turn = Turn.objects.get(session=session)
     turns = _get(wire_client, f"/agents/sessions/{session.id}/turns").json()
     assert [t["id"] for t in turns["data"]] == [str(turn.id)] and turns["data"][0]["subagent_id"] is None

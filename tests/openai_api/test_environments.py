@@ -109,7 +109,7 @@ def test_a_self_hosted_session_is_pinned_where_its_creator_chose(wire_client: Cl
         "type": "self_hosted", "workspace_directory": "/workspace", "environment_id": "ours"}})
     assert on_runner.status_code == 200, on_runner.content
     assert on_runner.json()["environment"] == {"type": "self_hosted", "id": "ours", "workspace_directory": "/workspace",
-                                               "capability_directories": [], "remote_url": None}
+                                               "capability_directories": [], "remote_url": ""}
     session_id = on_runner.json()["id"]
     assert SessionPlacement.objects.get(session_id=session_id).host.name == "ours"
     assert Event.objects.filter(session_id=session_id, type="session.pinned", payload__host="ours").count() == 1
