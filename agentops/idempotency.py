@@ -92,11 +92,7 @@ class IdempotencyMiddleware:
         reserved = self._reserve(scope, key, digest, request.path)
         if isinstance(reserved, HttpResponse):
             return reserved
-        try:
-            response = self.get_response(request)
-        except BaseException:
-            self._release(reserved)
-            raise
+        response = self._respond(request, reserved)
         # A server error may be retried with the same key; so may a request refused before it ran
         # (401, 403: no credentials, a missing CSRF token or permission): replaying the refusal
         # would make the key useless once the caller fixes that.
@@ -128,11 +124,7 @@ class IdempotencyMiddleware:
                 same_site = url_has_allowed_host_and_scheme(referer, {request.get_host()}, request.is_secure())
                 return HttpResponseRedirect(referer if referer and same_site else "/")
             return reserved
-        try:
-            response = self.get_response(request)
-        except BaseException:
-            self._release(reserved)
-            raise
+        response = self._respond(request, reserved)
         if response.status_code not in (302, 303) or not response.has_header("Location"):
             self._release(reserved)
             return response
@@ -140,6 +132,14 @@ class IdempotencyMiddleware:
         reserved.body = response["Location"].encode()
         reserved.save(update_fields=["status_code", "content_type", "body"])
         return response
+
+    def _respond(self, request: HttpRequest, reserved: IdempotencyRecord) -> HttpResponse:
+        """The view's response under a reservation; an exception frees the key."""
+        try:
+            return self.get_response(request)
+        except BaseException:
+            self._release(reserved)
+            raise
 
     def _reserve(self, scope: str, key: str, digest: str, path: str) -> IdempotencyRecord | HttpResponse:
         """The new reservation of the key, or the answer for a key already taken."""

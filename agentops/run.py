@@ -98,12 +98,17 @@ def main() -> int:
         # How to start each child again (a supervisor's restart): its argv, environment, fds, priority.
         specs: dict[str, tuple[list[str], dict[str, str], tuple[int, ...], bool]] = {}
 
+        def start(name: str) -> subprocess.Popen[bytes]:
+            args, child_env, pass_fds, background = specs[name]
+            proc = subprocess.Popen(args, cwd=ROOT, env=child_env, start_new_session=True, pass_fds=pass_fds)
+            if background:
+                priority.background(proc.pid)  # the web answers first when the cores are short
+            return proc
+
         def spawn(name: str, args: list[str], pass_fds: tuple[int, ...] = (), child_env: dict[str, str] | None = None,
                   background: bool = False) -> subprocess.Popen[bytes]:
             specs[name] = (args, dict(child_env or env), pass_fds, background)
-            proc = subprocess.Popen(args, cwd=ROOT, env=child_env or env, start_new_session=True, pass_fds=pass_fds)
-            if background:
-                priority.background(proc.pid)  # the web answers first when the cores are short
+            proc = start(name)
             children.append((name, proc))
             return proc
 
@@ -200,11 +205,7 @@ def main() -> int:
                           f"{RESTART_WINDOW_SECONDS:.0f} s; stopping", file=sys.stderr)
                     return 1
                 print(f"{name} exited with {proc.returncode}; starting it again", file=sys.stderr, flush=True)
-                args, child_env, pass_fds, background = specs[name]
-                fresh = subprocess.Popen(args, cwd=ROOT, env=child_env, start_new_session=True, pass_fds=pass_fds)
-                if background:
-                    priority.background(fresh.pid)
-                children[i] = (name, fresh)
+                children[i] = (name, start(name))
             time.sleep(0.3)
         print("stopping…")
     return 0

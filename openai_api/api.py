@@ -5,7 +5,7 @@ checks the permission, calls agentops's services and selectors, and shapes the a
 ``openai_api.wire``. Errors leave in the wire's envelope ``{"error": {message, type, code,
 param}}``; a 409 carries ``x-should-retry: false`` (the SDK retries 409 otherwise).
 
-One module for the wire's routes (~480 lines), on purpose: django-ninja matches them in the order
+One module for the wire's routes (~500 lines), on purpose: django-ninja matches them in the order
 they are declared (``/agents/sessions`` before ``/agents/{agent_id}``), which one file keeps
 visible; the mapping and parsing live in ``wire`` and ``parse``.
 """

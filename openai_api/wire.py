@@ -20,7 +20,7 @@ How agentops maps:
   for a reviewer is an ``mcp_approval_request`` whose ``request_id`` is agentops's approval request
   ID (answer it here only as an eligible reviewer, or in the queue).
 
-One module (~580 lines) on purpose: issue 18 asks for exactly one mapping between agentops's model
+One module (~600 lines) on purpose: issue 18 asks for exactly one mapping between agentops's model
 and the wire types, so that nothing else decides how a row or an event looks on the wire; its
 parts (agents, sessions, turns, items, events, subagents) share the item and status mappings
 above. Parsing requests lives in ``parse``, the routes in ``api``, writes in ``services``.
