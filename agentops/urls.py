@@ -56,6 +56,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/subagents/", fanout_views.subagent_children_view, name="subagent_children"),
     path("batches/new/", fanout_views.batch_create_view, name="batch_create"),
     path("batches/<uuid:batch_id>/", fanout_views.batch_detail_view, name="batch_detail"),
+    path("batches/<uuid:batch_id>/cancel/", fanout_views.batch_cancel_view, name="batch_cancel"),
     path("approvals/", approval_views.approval_queue_view, name="approval_queue"),
     path("approvals/<uuid:request_id>/", approval_views.approval_detail_view, name="approval_detail"),
     path("approvals/<uuid:request_id>/decide/", approval_views.approval_decide_view, name="approval_decide"),

@@ -39,6 +39,11 @@ class BatchOut(Out):
     sessions: list[dict[str, Any]]
 
 
+class BatchCancelledOut(Out):
+    cancelled: int
+    batch: BatchOut
+
+
 @router.get("/sessions/{session_id}/subagents", response={200: SubagentsOut, **ERRORS})
 def session_subagents_api(request: AuthedRequest, session_id: str) -> dict[str, Any]:
     """A session's lineage (parent, root, parent step, agent path) and its children with their status."""
@@ -72,3 +77,13 @@ def batch_create_api(request: AuthedRequest, payload: BatchCreateIn) -> Status[d
 def batch_get_api(request: AuthedRequest, batch_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_SESSIONS)
     return batch_out(selectors.batch_get(batch_id, user=request.user))
+
+
+@router.post("/batches/{batch_id}/cancel", response={200: BatchCancelledOut, **ERRORS})
+def batch_cancel_api(request: AuthedRequest, batch_id: str) -> dict[str, Any]:
+    """Cancel every session of the batch that is working (its active turn, approvals and open
+    steps); idle sessions are left alone. ``cancelled``: how many turns this call cancelled."""
+    require_perm(request.user, OPERATE_SESSIONS)
+    batch = selectors.batch_get(batch_id, user=request.user)
+    cancelled = batches.batch_cancel(batch=batch, actor=request.user)
+    return {"cancelled": cancelled, "batch": batch_out(batch)}

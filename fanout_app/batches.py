@@ -11,8 +11,10 @@ from django.db import IntegrityError, transaction
 
 from agentops import dispatch
 from agentops.domain import Conflict, DomainError, InvalidArguments
+from agentops.teams import OPERATE_ROLES, require_team_role
 from fanout_app.models import Batch, BatchMember
-from sessions_app.models import AgentProfile
+from sessions_app.engine.turns import turn_cancel
+from sessions_app.models import AgentProfile, Turn
 from sessions_app.services import session_create_with_turn, session_quota_check
 
 ROW_FIELDS = {"input", "title", "pinned", "budget", "metadata"}
@@ -86,3 +88,19 @@ def _replayed(batch: Batch, sha: str) -> tuple[Batch, bool]:
         raise Conflict("This Idempotency-Key was used for another batch.", code="idempotency_key_reused",
                        details={"batch_id": str(batch.id)})
     return batch, False
+
+
+def batch_cancel(*, batch: Batch, actor: User) -> int:
+    """Cancel the active turn of every session of the batch (its approvals and open steps with it,
+    as the session page's Cancel does). One transaction per turn, under its session's lock: a turn
+    that ends meanwhile is skipped, and a batch of a thousand never holds a thousand locks at once.
+    Sessions that are idle, or that an operator starts again afterwards, are left alone. Returns how
+    many turns were cancelled (0 on a second call)."""
+    require_team_role(actor, batch.team_id, OPERATE_ROLES, what="cancel its sessions")
+    active = Turn.objects.filter(session__batch_member__batch=batch, status__in=Turn.ACTIVE)
+    cancelled = 0
+    for turn_id in list(active.values_list("id", flat=True)):
+        with transaction.atomic():
+            if turn_cancel(turn_id=turn_id, actor=actor) is not None:
+                cancelled += 1
+    return cancelled

@@ -3,12 +3,13 @@
 import json
 from uuid import UUID
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agentops.domain import DomainError, NotFound
+from agentops.domain import DomainError, NotFound, PermissionDenied
 from agentops.http import AuthedRequest, HtmxHttpRequest
 from agentops.permissions import OPERATE_SESSIONS, VIEW_SESSIONS, has_perm
 from fanout_app import batches, selectors
@@ -63,10 +64,28 @@ def batch_detail_view(request: HtmxHttpRequest, batch_id: UUID) -> HttpResponse:
     except NotFound as exc:
         raise Http404("No such batch") from exc
     context = {"nav": "batches", "batch": batch, "progress": selectors.batch_progress(batch),
-               "members": selectors.batch_members(batch)}
+               "members": selectors.batch_members(batch), "can_operate": has_perm(request.user, OPERATE_SESSIONS)}
     if request.htmx:
         return render(request, "fanout/_batch_progress.html", context)
     return render(request, "fanout/batch_detail.html", context)
+
+
+@require_POST
+@login_required
+@permission_required(OPERATE_SESSIONS, raise_exception=True)
+def batch_cancel_view(request: AuthedRequest, batch_id: UUID) -> HttpResponse:
+    try:
+        batch = selectors.batch_get(batch_id, user=request.user)
+    except NotFound as exc:
+        raise Http404("No such batch") from exc
+    try:
+        cancelled = batches.batch_cancel(batch=batch, actor=request.user)
+    except PermissionDenied as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Cancelled the running turn of {cancelled} session{'s' if cancelled != 1 else ''}."
+                         if cancelled else "Nothing to cancel: no session of this batch was working.")
+    return redirect("batch_detail", batch_id=batch.id)
 
 
 @require_GET

@@ -291,8 +291,11 @@
 
   // A form posted once is not posted again by a second click while its page is still shown (the
   // server also does a form's work once per rendering: agentops/idempotency.py).
+  // A form with data-confirm asks first (no inline handlers under the CSP).
   document.addEventListener("submit", function (e) {
     var form = e.target;
+    var ask = form && form.getAttribute("data-confirm");
+    if (ask && !form.getAttribute("data-sent") && !window.confirm(ask)) { e.preventDefault(); return; }
     if (!form || (form.getAttribute("method") || "").toLowerCase() !== "post" || form.hasAttribute("hx-post")) return;
     if (form.getAttribute("data-sent")) { e.preventDefault(); return; }
     form.setAttribute("data-sent", "1");

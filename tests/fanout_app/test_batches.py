@@ -111,3 +111,75 @@ def test_a_batchs_progress_counts_its_cancelled_sessions(operator: User, agent: 
     assert progress["cancelled"] == 2 and progress["completed_sessions"] == 0
     page = login(operator).get(f"/batches/{batch.id}/").content.decode()
     assert '<dd data-count="cancelled">2</dd>' in page
+
+
+def _waiting_for_approval(session_id: Any) -> Any:
+    """The session's queued turn as the engine leaves it at a risky call: running, one tool step
+    waiting on a pending approval request."""
+    from approvals_app.services import approval_request_create
+    from sessions_app.models import Step
+    from sessions_app.services import turn_transition
+
+    turn = Turn.objects.get(session_id=session_id)
+    step = Step.objects.create(session_id=session_id, turn=turn, index=1, kind=Step.Kind.TOOL,
+                               tool_name="write_file", call_id="call_w", arguments={"path": "a.txt", "content": "x"})
+    approval = approval_request_create(step_id=step.id, risk="medium")
+    turn_transition(turn_id=turn.id, to=Turn.Status.RUNNING)
+    turn_transition(turn_id=turn.id, to=Turn.Status.AWAITING_APPROVAL)
+    return approval
+
+
+@pytest.mark.django_db
+def test_cancelling_a_batch_cancels_every_working_session_once(operator: User, reviewer: User,
+                                                                 agent: AgentProfile) -> None:
+    """An operator who fanned out sessions by mistake stops them all at once: each working
+    session's turn is cancelled with its pending approval; idle ones are left alone; a second
+    cancel does nothing; a reviewer-only member may not; another team's batch is not found."""
+    from approvals_app.models import ApprovalRequest
+    from sessions_app.engine.commands import session_cancel
+    from tests import factories
+
+    api = api_client(operator)
+    created = post_batch(api, {"agent": agent.slug, "rows": [{"input": "one"}, {"input": "two"}, {"input": "three"}]})
+    assert created.status_code == 201, created.content
+    batch = Batch.objects.get()
+    first, second, third = [m.session_id for m in BatchMember.objects.filter(batch=batch).order_by("row")]
+    approval = _waiting_for_approval(second)
+    session_cancel(session_id=third, actor=operator)  # already idle: not counted again
+
+    refused = api_client(reviewer).post(f"/api/batches/{batch.id}/cancel")
+    assert refused.status_code == 403, refused.content
+    assert Turn.objects.filter(session__batch_member__batch=batch, status__in=Turn.ACTIVE).count() == 2
+
+    outsider = factories.user("outsider", groups=["operators"], teams=["elsewhere"])
+    assert api_client(outsider).post(f"/api/batches/{batch.id}/cancel").status_code == 404
+    assert api.post("/api/batches/not-a-uuid/cancel").status_code == 404
+
+    response = api.post(f"/api/batches/{batch.id}/cancel")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert data["cancelled"] == 2 and data["batch"]["progress"]["cancelled"] == 3
+    assert not Turn.objects.filter(session__batch_member__batch=batch, status__in=Turn.ACTIVE).exists()
+    assert set(Turn.objects.filter(session_id__in=[first, second]).values_list("error_message", flat=True)) == {
+        f"Cancelled by {operator.username}."}
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "cancelled"
+    again = api.post(f"/api/batches/{batch.id}/cancel")
+    assert again.status_code == 200 and again.json()["cancelled"] == 0
+
+
+@pytest.mark.django_db
+def test_the_batch_page_cancels_its_working_sessions(operator: User, reviewer: User, agent: AgentProfile) -> None:
+    created = post_batch(api_client(operator), {"agent": agent.slug, "rows": [{"input": "one"}, {"input": "two"}]})
+    batch_id = created.json()["id"]
+    browser = login(operator)
+    page = browser.get(f"/batches/{batch_id}/").content.decode()
+    assert 'id="batch-cancel-form"' in page and "data-confirm=" in page
+    assert 'id="batch-cancel-form"' not in login(reviewer).get(f"/batches/{batch_id}/").content.decode()
+    assert login(reviewer).post(f"/batches/{batch_id}/cancel/").status_code == 403
+    assert browser.get(f"/batches/{batch_id}/cancel/").status_code == 405
+    response = browser.post(f"/batches/{batch_id}/cancel/", follow=True)
+    assert response.redirect_chain == [(f"/batches/{batch_id}/", 302)]
+    body = response.content.decode()
+    assert "Cancelled the running turn of 2 sessions." in body and '<dd data-count="cancelled">2</dd>' in body
+    again = browser.post(f"/batches/{batch_id}/cancel/", follow=True).content.decode()
+    assert "Nothing to cancel: no session of this batch was working." in again
