@@ -4,8 +4,8 @@ from django.http import HttpRequest
 
 from agentops.admin import ReadOnlyAdmin
 from agentops.domain import DomainError
+from approvals_app.grants import grant_revoke
 from approvals_app.models import ApprovalAudit, ApprovalGrant, ApprovalPolicy, ApprovalRequest, ApprovalVote
-from approvals_app.services import grant_revoke
 
 
 @admin.register(ApprovalRequest)

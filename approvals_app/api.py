@@ -10,7 +10,7 @@ from agentops.domain import InvalidArguments
 from agentops.http import AuthedRequest
 from agentops.pagination import get_paginated_response
 from agentops.permissions import VIEW_APPROVALS, require_perm
-from approvals_app import selectors, services
+from approvals_app import grants, selectors, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from approvals_app.schemas import ApprovalDecideIn, ApprovalOut, ApprovalPageOut, GrantOut
 from fanout_app.selectors import subagent_lineage
@@ -102,6 +102,6 @@ def grants_list_api(request: AuthedRequest, session_id: str) -> list[dict[str, A
 @router.post("/grants/{grant_id}/revoke", response={200: GrantOut, **ERRORS})
 def grant_revoke_api(request: AuthedRequest, grant_id: str) -> dict[str, Any]:
     grant = selectors.grant_get(grant_id, user=request.user)
-    services.grant_revoke(grant_id=grant.pk, actor=request.user)
+    grants.grant_revoke(grant_id=grant.pk, actor=request.user)
     (fresh,) = [g for g in selectors.grants_of_session(grant.session_id, user=request.user) if g.pk == grant.pk]
     return grant_out(fresh)

@@ -157,11 +157,17 @@ class ApprovalGrant(models.Model):
     source_request = models.ForeignKey(ApprovalRequest, null=True, blank=True, on_delete=models.SET_NULL,
                                        related_name="+")
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The approved run spec without its arguments (``tools_app.binding.tool_spec_sha256``): the
+    # grant lets calls run only while the tool still runs as the reviewer saw it. Empty (a grant
+    # made before it was recorded): it covers nothing, a reviewer is asked.
+    tool_spec_sha256 = models.CharField(max_length=64, blank=True)
     uses = models.PositiveIntegerField(default=0)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
+    # Why it ended early when nobody revoked it (the tool changed under it).
+    revoked_reason = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,13 +3,10 @@
 Every status write goes through ``_move``, the guarded transition (locked row, ``TRANSITIONS``
 checked). A decision wakes the engine after commit through ``agentops.dispatch``.
 
-Its length (~520 lines) is one concern: the request's state machine and the grants that stand in
-for a decision share ``_move``, the hash binding and the four-eyes rules; split off, each half
-would import the other's private checks. The reviewer's workflow around a decision (policies,
-conditions, quorum votes, claims, presence, bulk) lives in modules of its own beside this one.
+The grants a decision may leave behind live in ``grants.py``; the reviewer's workflow around a
+decision (policies, conditions, quorum votes, claims, presence, bulk) in modules of their own.
 """
 
-import fnmatch
 import hashlib
 import uuid
 from datetime import timedelta
@@ -19,14 +16,14 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidArguments, NotFound, PermissionDenied, canonical_json, joins_transaction
 from agentops.permissions import DECIDE_APPROVALS
 from agentops.teams import REVIEW_ROLES, has_team_role, scope
-from approvals_app.models import MAX_TTL_SECONDS, ApprovalAudit, ApprovalGrant, ApprovalRequest
+from approvals_app.grants import grant_create, grant_public, validate_pattern
+from approvals_app.models import MAX_TTL_SECONDS, ApprovalAudit, ApprovalRequest
 from approvals_app.policies import ResolvedPolicy
 from approvals_app.quorum import quorum_vote
 from approvals_app.signals import approval_changed
@@ -110,11 +107,21 @@ def approval_transition(*, request_id: uuid.UUID | str, to: str) -> ApprovalRequ
     return approval
 
 
+def _request_mode(step: Step, policy: ResolvedPolicy | None, approval_mode: str | None) -> str:
+    """The mode the request is decided under: the gate's (``approval_mode``), else a policy's,
+    which replaces the tool's (README), so a policy's ``confirm_once`` can be remembered."""
+    for mode in (approval_mode, policy.mode if policy is not None else None):
+        if mode in (ApprovalMode.CONFIRM_ONCE, ApprovalMode.MUTATING):
+            return str(mode)
+    return step.approval_mode or ApprovalMode.MUTATING
+
+
 @joins_transaction
 def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalRequest.Kind.TOOL,
                             risk: str = "high", risk_note: str = "", sandbox_backend: str = "",
                             network_policy: str = "", preview: str = "",
-                            ttl_seconds: int | None = None, policy: ResolvedPolicy | None = None) -> ApprovalRequest:
+                            ttl_seconds: int | None = None, policy: ResolvedPolicy | None = None,
+                            approval_mode: str | None = None) -> ApprovalRequest:
     """Ask a reviewer about one step. Idempotent: a pending request for the step is returned.
 
     Moves a tool step to ``awaiting_approval`` (a recovery request leaves it ``in_doubt``).
@@ -133,7 +140,7 @@ def approval_request_create(*, step_id: uuid.UUID | str, kind: str = ApprovalReq
     approval = ApprovalRequest.objects.create(
         kind=kind, session_id=step.session_id, team_id=step.session.team_id, turn_id=step.turn_id, step=step,
         tool_name=step.tool_name,
-        arguments=step.arguments, approval_mode=step.approval_mode or ApprovalMode.MUTATING, risk=risk,
+        arguments=step.arguments, approval_mode=_request_mode(step, policy, approval_mode), risk=risk,
         risk_note=risk_note, sandbox_backend=str(spec.get("sandbox_backend", "")),
         network_policy=str(spec.get("network", network_policy)), preview=preview, run_spec=spec,
         arguments_sha256=spec_hash,
@@ -300,7 +307,7 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
     if grant_pattern is not None:
         if not remember:
             raise InvalidArguments("A grant pattern needs remember", details={"field": "grant_pattern"})
-        _validate_pattern(grant_pattern, approval.arguments if arguments is None else arguments)
+        validate_pattern(grant_pattern, approval.arguments if arguments is None else arguments)
 
     vote = "decide" if approval.kind != ApprovalRequest.Kind.TOOL else quorum_vote(
         approval, actor=actor, decision=decision, reason=reason, seen_hash=seen_hash,
@@ -322,7 +329,7 @@ def _decide(*, request_id: uuid.UUID, actor: User, decision: str, reason: str, s
                  details={"decision": decision, "reason": reason, "seen_sha256": seen_hash or "",
                           "arguments_sha256": approval.arguments_sha256, "remember": remember})
     _apply_to_step(approval)
-    grant = _grant_create(approval, actor=actor, pattern=grant_pattern) if remember else None
+    grant = grant_create(approval, actor=actor, pattern=grant_pattern) if remember else None
     event_record(session_id=approval.session_id, turn_id=approval.turn_id, step_id=approval.step_id,
                  type="approval.decided",
                  payload={**_public(approval), "decision": decision, "reason": reason,
@@ -426,101 +433,3 @@ def approval_cancel_open(*, turn_id: uuid.UUID | str) -> int:
                      type="approval.cancelled", payload=_public(approval))
         count += 1
     return count
-
-
-# --- grants ---------------------------------------------------------------------------------------
-
-def args_sha256(arguments: Any) -> str:
-    """The canonical-JSON SHA-256 of a call's arguments (what an exact grant names)."""
-    return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
-
-
-def pattern_matches(pattern: dict[str, str], arguments: Any) -> bool:
-    """Every argument of the call is named by the pattern and its value (as text; JSON for
-    non-strings) matches the glob (fnmatch, case-sensitive). An argument the pattern does not
-    name refuses the match: a reviewer who allowed ``{"path": "notes/*"}`` did not allow
-    whatever other argument the model adds."""
-    if not isinstance(arguments, dict) or set(arguments) - set(pattern):
-        return False
-    for name, glob in pattern.items():
-        if name not in arguments:
-            return False
-        value = arguments[name]
-        text = value if isinstance(value, str) else canonical_json(value)
-        if not fnmatch.fnmatchcase(text, glob):
-            return False
-    return True
-
-
-def _validate_pattern(pattern: Any, arguments: Any) -> None:
-    if (not isinstance(pattern, dict) or not pattern
-            or not all(isinstance(k, str) and isinstance(v, str) and len(v) <= 500 for k, v in pattern.items())):
-        raise InvalidArguments("A grant pattern maps argument names to glob patterns (text)",
-                               details={"field": "grant_pattern"})
-    if not pattern_matches(pattern, arguments):
-        raise InvalidArguments("The grant pattern must match the call you approve (and name every argument)",
-                               details={"field": "grant_pattern"})
-
-
-def grant_public(grant: ApprovalGrant) -> dict[str, Any]:
-    return {"grant_id": grant.pk, "tool": grant.tool_name, "arguments_sha256": grant.arguments_sha256 or None,
-            "argument_pattern": grant.argument_pattern, "turn_id": str(grant.turn_id) if grant.turn_id else None,
-            "expires_at": grant.expires_at.isoformat() if grant.expires_at else None, "uses": grant.uses}
-
-
-def _grant_create(approval: ApprovalRequest, *, actor: User, pattern: dict[str, str] | None) -> ApprovalGrant:
-    """The narrow grant of a remembered approval: this session, this tool, these exact (effective)
-    arguments or the stated pattern; ends with the turn (AGENTOPS_GRANT_SCOPE=turn, the default)
-    or at AGENTOPS_GRANT_TTL_SECONDS, whichever comes first."""
-    ttl = settings.AGENTOPS_GRANT_TTL_SECONDS
-    return ApprovalGrant.objects.create(
-        session_id=approval.session_id, tool_name=approval.tool_name,
-        arguments_sha256="" if pattern is not None else args_sha256(approval.effective_arguments),
-        argument_pattern=pattern,
-        turn_id=approval.turn_id if settings.AGENTOPS_GRANT_SCOPE == "turn" else None,
-        expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
-        granted_by=actor, source_request=approval)
-
-
-@joins_transaction
-def grant_use(*, session_id: uuid.UUID, turn_id: uuid.UUID, step_id: uuid.UUID, tool_name: str,
-              arguments: Any) -> ApprovalGrant | None:
-    """The live grant that covers this call, with its use counted and recorded as a
-    ``grant.used`` event; None when none does (the caller asks a reviewer). Session locked."""
-    now = timezone.now()
-    candidates = (ApprovalGrant.objects.filter(session_id=session_id, tool_name=tool_name, revoked_at__isnull=True)
-                  .filter(Q(turn__isnull=True) | Q(turn_id=turn_id)).exclude(expires_at__lte=now)
-                  .order_by("created_at"))
-    digest = args_sha256(arguments)
-    for grant in candidates:
-        if grant.arguments_sha256 == digest or (grant.argument_pattern is not None and not grant.arguments_sha256
-                                                and pattern_matches(grant.argument_pattern, arguments)):
-            ApprovalGrant.objects.filter(pk=grant.pk).update(uses=F("uses") + 1, last_used_at=now)
-            grant.uses += 1
-            event_record(session_id=session_id, turn_id=turn_id, step_id=step_id, type="grant.used",
-                         payload={**grant_public(grant), "arguments_sha256": digest})
-            return grant
-    return None
-
-
-@transaction.atomic
-def grant_revoke(*, grant_id: int, actor: User) -> ApprovalGrant:
-    """Revoke a grant (any reviewer of the session's team). Idempotent; audited; an event."""
-    try:
-        grant = locked_with_session(ApprovalGrant.objects.select_related("session"), pk=grant_id)
-    except (ApprovalGrant.DoesNotExist, ValueError, ValidationError) as exc:
-        raise NotFound(f"No grant {grant_id}") from exc
-    if not (actor.is_active and actor.has_perm(DECIDE_APPROVALS)
-            and has_team_role(actor, grant.session.team_id, REVIEW_ROLES)):
-        raise PermissionDenied("Revoking a grant needs the reviewer role in the session's team.")
-    if grant.revoked_at is not None:
-        return grant
-    grant.revoked_at, grant.revoked_by = timezone.now(), actor
-    grant.save(update_fields=["revoked_at", "revoked_by"])
-    source = grant.source_request.request_id if grant.source_request else uuid.UUID(int=0)
-    ApprovalAudit.objects.create(request_id=source, session_id=grant.session_id, team_id=grant.session.team_id,
-                                 action=ApprovalAudit.Action.GRANT_REVOKED, actor=actor,
-                                 actor_username=actor.get_username(), details=grant_public(grant))
-    event_record(session_id=grant.session_id, type="grant.revoked",
-                 payload={**grant_public(grant), "revoked_by": actor.get_username()})
-    return grant

@@ -26,9 +26,10 @@ from agentops.pagination import cursor_decode, cursor_encode
 from agentops.permissions import DECIDE_APPROVALS, VIEW_APPROVALS, has_perm, require_perm
 from approvals_app import selectors
 from approvals_app.forms import ApprovalEditForm
+from approvals_app.grants import grant_revoke
 from approvals_app.models import ApprovalRequest
 from approvals_app.presence import presence_token
-from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal, grant_revoke
+from approvals_app.services import approval_decide, approval_viewed_record, four_eyes_refusal
 from sessions_app import presenters
 from sessions_app import selectors as session_selectors
 from tools_app.builtin.command import policy_for

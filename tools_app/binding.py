@@ -64,6 +64,13 @@ def spec_sha256(spec: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
 
+def tool_spec_sha256(spec: dict[str, Any]) -> str:
+    """The hash of a spec without its arguments (and the limits they imply): what a remembered
+    approval (a grant) binds, since the calls it lets run have other arguments. An admin edit of
+    the tool, its network, timeout or environment, or another sandbox backend, changes it."""
+    return spec_sha256({key: value for key, value in spec.items() if key not in ("arguments", "limits")})
+
+
 def spec_differences(approved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The top-level keys that differ: what the event tells the reviewer changed."""
     return sorted(key for key in set(approved) | set(current) if approved.get(key) != current.get(key))

@@ -31,6 +31,7 @@ from django.db.models import F
 
 from agentops import dispatch
 from agentops.domain import Conflict, InvalidTransition, joins_transaction
+from approvals_app.grants import grant_use
 from approvals_app.models import ApprovalRequest
 from approvals_app.policies import ResolvedPolicy, approval_policy_resolve
 from approvals_app.selectors import approval_approved_for_step
@@ -39,7 +40,6 @@ from approvals_app.services import (
     approval_consume,
     approval_request_create,
     approval_transition,
-    grant_use,
 )
 from sessions_app import hooks
 from sessions_app.engine.hosting import hooks as hosting
@@ -192,7 +192,9 @@ def tool_step_gate(*, step: Step, session: AgentSession) -> str:
     if mode == ApprovalMode.SAFE_READONLY or (
             mode == ApprovalMode.CONFIRM_ONCE
             and grant_use(session_id=session.id, turn_id=step.turn_id, step_id=step.id, tool_name=tool.name,
-                          arguments=step.arguments) is not None):
+                          arguments=step.arguments,
+                          spec=run_spec(tool=tool, arguments=step.arguments,
+                                        sandbox_backend=str(sandbox_status().get("backend", "")))) is not None):
         step_transition(step_id=step.id, to=Step.Status.APPROVED, session_id=step.session_id, known=step)
         return Step.Status.APPROVED
     _ask_reviewer(step, session, tool, policy)
@@ -215,6 +217,7 @@ def _ask_reviewer(step: Step, session: AgentSession, tool: ToolDefinition,
     approval = approval_request_create(step_id=step.id, risk=risk, risk_note=note, preview=preview,
                                        sandbox_backend=str(sandbox_status().get("backend", "")),
                                        network_policy=tool.network, policy=policy,
+                                       approval_mode=policy.mode if policy is not None else tool.approval_mode,
                                        ttl_seconds=(policy.ttl_seconds if policy and policy.ttl_seconds
                                                     else tool.approval_ttl_seconds))
     if tool.name == "write_file" and not local:

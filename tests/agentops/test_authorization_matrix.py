@@ -112,6 +112,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "POST", "/api/sessions/batch", {"agent": "{agent}", "rows": [{"input": "hi"}]},
      _row(401, 201, 404, 403, 403, 201, 201, 401)),
     ("api", "GET", "/api/batches/{batch}", None, READ_SAME),
+    ("api", "POST", "/api/batches/{batch}/cancel", {}, _row(401, 200, 404, 403, 403, 200, 200, 401)),
     # Sandbox hosts: hosted hosts are listed to everyone signed in, a runner to its team only.
     ("api", "GET", "/api/hosts", None, LIST),
     ("api", "GET", "/api/hosts/{runner}", None, READ_SAME),
@@ -147,6 +148,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("page", "POST", "/batches/new/", {"agent": "{agent}", "rows": '["hi"]'},
      _row(302, 302, 422, 403, 403, 302, 302, 302)),
     ("page", "GET", "/batches/{batch}/", None, PAGE_READ_SAME),
+    ("page", "POST", "/batches/{batch}/cancel/", {}, _row(302, 302, 404, 403, 403, 302, 302, 302)),
     ("page", "GET", "/sessions/{busy}/subagents/", None, PAGE_READ_SAME),
     ("page", "GET", "/approvals/", None, PAGE_LIST),
     ("page", "GET", "/approvals/{request}/", None, PAGE_READ_SAME),

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentops.domain import Conflict
-from approvals_app import services
+from approvals_app import grants, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Event, Step, Turn
 from tests import factories
@@ -269,7 +269,7 @@ def test_approval_decide_api_remember_on_confirm_once_creates_a_grant(reviewer: 
     assert response.json()["remember"] is True
     grant = ApprovalGrant.objects.get(session_id=approval.session_id, tool_name="write_file")
     assert grant.granted_by == reviewer and grant.source_request_id == approval.pk
-    assert grant.arguments_sha256 == services.args_sha256({"path": "a.txt", "content": "x"})
+    assert grant.arguments_sha256 == grants.args_sha256({"path": "a.txt", "content": "x"})
     assert grant.turn_id == approval.turn_id and grant.argument_pattern is None
 
 

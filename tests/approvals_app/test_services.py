@@ -9,11 +9,11 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from agentops.domain import Conflict
-from approvals_app import services
+from approvals_app import grants, services
 from approvals_app.models import ApprovalGrant, ApprovalRequest
 from sessions_app.models import Event, Step, Turn
 from tests import factories
-from tools_app.binding import run_spec, spec_sha256
+from tools_app.binding import run_spec, spec_sha256, tool_spec_sha256
 from tools_app.models import ToolDefinition
 from tools_app.services import tool_definitions_seed
 
@@ -135,7 +135,9 @@ def test_approval_consume_of_a_pending_request_is_refused() -> None:
 def _grant(**fields: Any) -> ApprovalGrant:
     session = factories.session()
     turn = factories.turn(session)
-    fields.setdefault("arguments_sha256", services.args_sha256({"path": "a.txt", "content": "x"}))
+    fields.setdefault("arguments_sha256", grants.args_sha256({"path": "a.txt", "content": "x"}))
+    fields.setdefault("tool_spec_sha256", tool_spec_sha256(services.approval_spec(
+        tool_name="write_file", arguments={"path": "a.txt", "content": "x"})[0]))
     return ApprovalGrant.objects.create(session=session, tool_name="write_file", turn=turn, **fields)
 
 
@@ -143,8 +145,9 @@ def _use(grant: ApprovalGrant, arguments: Any = None, *, tool_name: str = "write
          turn_id: Any = None) -> ApprovalGrant | None:
     turn = Turn.objects.get(pk=str(turn_id or grant.turn_id))
     step = factories.step(turn, tool_name=tool_name, arguments=arguments or {"path": "a.txt", "content": "x"})
-    return services.grant_use(session_id=grant.session_id, turn_id=turn.id, step_id=step.id, tool_name=tool_name,
-                              arguments=step.arguments)
+    return grants.grant_use(session_id=grant.session_id, turn_id=turn.id, step_id=step.id, tool_name=tool_name,
+                              arguments=step.arguments,
+                              spec=services.approval_spec(tool_name=tool_name, arguments=step.arguments)[0])
 
 
 def test_grant_covers_its_tool_and_exact_arguments_only_and_each_use_is_an_event() -> None:
