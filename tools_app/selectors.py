@@ -21,13 +21,20 @@ def tool_definitions_enabled() -> QuerySet[ToolDefinition]:
 
 
 def tool_definitions_visible(*, user: Any) -> QuerySet[ToolDefinition]:
-    """The enabled tools ``user`` may see: all but the tools of other teams' MCP servers (an MCP
-    server, its tools with their descriptions and schemas, belongs to its team)."""
+    """The enabled tools ``user`` may see: the built-in ones, their teams' MCP servers' tools (an
+    MCP server, its tools with their descriptions and schemas, belongs to its team) and the client
+    (function) tools declared by their teams' agents. Another team's function tool, declared
+    through the OpenAI wire with its own description and schema, was listed to everyone."""
     teams = teams_of(user)
     if not is_active(user):
         return ToolDefinition.objects.none()
     qs = tool_definitions_enabled()
-    return qs if teams is None else qs.filter(Q(mcp_tool__isnull=True) | Q(mcp_tool__server__team_id__in=teams))
+    if teams is None:
+        return qs
+    mine = ToolDefinition.objects.filter(
+        Q(kind=ToolDefinition.Kind.CLIENT, agents__team_id__in=teams) | Q(mcp_tool__server__team_id__in=teams))
+    return qs.filter(Q(pk__in=mine.values("pk"))
+                     | (Q(mcp_tool__isnull=True) & ~Q(kind=ToolDefinition.Kind.CLIENT)))
 
 
 # The engine consults the tool registry several times a step: it is cached, and an admin's change

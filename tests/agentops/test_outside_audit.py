@@ -177,6 +177,16 @@ def test_the_tools_list_hides_other_teams_mcp_tools(operator: User) -> None:
     mine, theirs_seen = names(operator), names(outsider)
     assert "tracker__open_ticket" not in mine and "run_command" in mine
     assert "tracker__open_ticket" in theirs_seen and "run_command" in theirs_seen
+    # A function (client) tool declared by another team's agent, through the OpenAI wire, with
+    # its own description ("ACME-INTERNAL: refund through Stripe account …"): theirs alone.
+    refund = ToolDefinition.objects.create(name="acme_refund_customer", kind="client",
+                                           description="ACME-INTERNAL: refund through our Stripe account")
+    factories.agent_profile(team=factories.team("other")).tools.add(refund)
+    unused = ToolDefinition.objects.create(name="declared_by_nobody", kind="client", description="?")
+    assert refund.name not in names(operator) and refund.name in names(outsider)
+    assert unused.name not in names(operator) and unused.name not in names(outsider)
+    factories.agent_profile().tools.add(refund)  # one of the operator's agents declares it too
+    assert refund.name in names(operator)
 
 
 def test_other_teams_are_as_unknown_as_teams_that_do_not_exist(operator: User) -> None:
