@@ -347,3 +347,18 @@ def test_decision_page_shows_bidi_and_control_characters_visibly(operator: User,
     plain = make_approval(operator, agent, arguments={"command": "echo héllo\tworld"}, title="plain")
     body = login(reviewer).get(f"/approvals/{plain.request_id}/").content.decode()
     assert "hidden-chars-warning" not in body and "⟨U+" not in body
+
+
+def test_the_queue_card_shows_hidden_characters_and_offers_no_one_click_approve(operator: User, reviewer: User,
+                                                                                  agent: AgentProfile) -> None:
+    """A sandbox audit: the queue card rendered U+202E/U+2066 raw, Chromium showed
+    `echo ok  #  ; rm -rf logs` (the rm as if commented out), and its one-click Approve ran it."""
+    command = "echo ok \u202e\u2066 ; rm -rf logs \u2069\u2066 # \u2069\u202c"
+    tricky = make_approval(operator, agent, arguments={"command": command})
+    plain = make_approval(operator, agent, arguments={"command": "echo ok"}, title="plain")
+    body = login(reviewer).get("/approvals/").content.decode()
+    card = body.split(f'id="approval-{tricky.request_id}"')[1].split("</article>")[0]
+    assert "\u202e" not in card and "\u2066" not in card and "⟨U+202E⟩" in card and "hidden-chars" in card
+    assert 'value="approve"' not in card and 'value="reject"' in card
+    plain_card = body.split(f'id="approval-{plain.request_id}"')[1].split("</article>")[0]
+    assert 'value="approve"' in plain_card and "hidden-chars" not in plain_card
