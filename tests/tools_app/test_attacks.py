@@ -297,3 +297,21 @@ def test_attack_filling_the_workspace_past_its_quota_is_stopped() -> None:
     assert second.error_code == "limit_exceeded" and "workspace" in second.limits_hit  # still over: said again
     freed = sandboxed("rm big; echo ok", workspace, workspace_quota_bytes=quota)
     assert (freed.error_code, freed.stdout.strip()) == ("", "ok")
+
+
+def test_attack_a_command_filling_the_workspace_is_stopped_while_it_runs() -> None:
+    """An audit wrote 2.8 GB into a workspace of 1 GB in two commands, checked only after each:
+    one command could fill the host's disk. The quota is watched while the command runs."""
+    workspace = workspace_for("atk-quota-live")
+    quota = 20 * 2**20
+    filler = "for i in $(seq 1 100); do head -c 2000000 /dev/zero > f$i; sleep 0.05; done; echo finished"
+    started = time.monotonic()
+    result = sandboxed(filler, workspace, workspace_quota_bytes=quota)
+    assert result.error_code == "limit_exceeded" and "workspace" in result.limits_hit, result
+    assert "the command was stopped: the workspace grew to" in result.error_message
+    assert "finished" not in result.stdout and time.monotonic() - started < 6
+    written = sum(f.stat().st_size for f in workspace.iterdir())
+    assert quota < written < 100 * 2_000_000 // 2, written  # stopped within a second or two, far from 200 MB
+    # Over its quota already, a command that frees space runs (and one that grows it is stopped).
+    freed = sandboxed("rm f1 f2 f3; echo ok", workspace, workspace_quota_bytes=quota)
+    assert freed.stdout.strip() == "ok" and "stopped" not in freed.error_message

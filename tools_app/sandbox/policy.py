@@ -29,7 +29,7 @@ class SandboxPolicy:
     # Past this much output the command is killed: draining 10 GB of `yes` only burns CPU.
     output_limit_bytes: int = 32 * MIB
     tmp_size_bytes: int = 64 * MIB  # each of /tmp and /dev/shm (capped tmpfs)
-    workspace_quota_bytes: int = 1024 * MIB  # checked before and after each command
+    workspace_quota_bytes: int = 1024 * MIB  # watched while each command runs, and after it (bubblewrap.QuotaWatch)
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "host"):
