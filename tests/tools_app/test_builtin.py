@@ -50,6 +50,28 @@ def test_write_file_creates_returns_the_diff_and_leaves_it_editable_by_the_sandb
     assert write_file_preview(workspace, {"path": "../a", "content": ""}).startswith("(cannot preview: denied")
 
 
+def test_write_file_does_not_write_through_a_symlink(workspace: Path) -> None:
+    """An audit linked notes.txt to .local/…/usercustomize.py with a command, then write_file
+    notes.txt: the reviewer's diff and the result said notes.txt, the code went into the target."""
+    hook = workspace / ".local" / "usercustomize.py"
+    hook.parent.mkdir()
+    hook.write_text("# empty\n")
+    os.symlink(".local/usercustomize.py", workspace / "notes.txt")
+    os.symlink(".local", workspace / "docs")
+    arguments = {"path": "notes.txt", "content": "import os\n"}
+    preview = write_file_preview(workspace, arguments)
+    assert preview.startswith("(cannot preview:") and "'.local/usercustomize.py'" in preview
+    result = execute_tool(name="write_file", workspace=workspace, arguments=arguments)
+    assert result.error_code == "denied" and "does not follow symlinks" in result.output, result
+    through_dir = execute_tool(name="write_file", workspace=workspace,
+                               arguments={"path": "docs/usercustomize.py", "content": "import os\n"})
+    assert through_dir.error_code == "denied"
+    assert hook.read_text() == "# empty\n"
+    direct = execute_tool(name="write_file", workspace=workspace,
+                          arguments={"path": ".local/usercustomize.py", "content": "x = 1\n"})
+    assert direct.status == "completed" and hook.read_text() == "x = 1\n"
+
+
 def test_read_file_caps_the_size_and_refuses_special_files(workspace: Path) -> None:
     (workspace / "big.txt").write_text("a" * 5000)
     result = execute_tool(name="read_file", workspace=workspace, arguments={"path": "big.txt", "max_bytes": 100})

@@ -12,6 +12,7 @@ from tools_app.sandbox import (
     NotARegularFile,
     PathDenied,
     open_beneath,
+    resolve_in_workspace,
     sandbox_ids,
     workspace_file_sha256,
     workspace_relpath,
@@ -190,10 +191,21 @@ def _write_target(arguments: Any) -> tuple[str, str]:
     return rel, arguments["content"]
 
 
+def _no_links(workspace: Path, rel: str) -> None:
+    """write_file writes where its path says or not at all: through a symlink in the workspace
+    (``notes.txt`` -> ``.local/…/usercustomize.py``) the reviewer's diff and the result named the
+    link while the content went to its target (an audit planted code that way)."""
+    target = resolve_in_workspace(workspace, rel)
+    if target != rel:
+        raise ToolError("denied", f"{rel!r} goes through a symlink to {target!r}; write_file does not follow "
+                                  f"symlinks: give the path {target!r} itself")
+
+
 def write_file_preview(workspace: Path, arguments: dict[str, Any]) -> str:
     """The unified diff write_file would apply, without writing. Never raises for bad input."""
     try:
         rel, content = _write_target(arguments)
+        _no_links(workspace, rel)
         return _unified_diff(rel, _previous_content(workspace, rel), content)
     except ToolError as exc:
         return f"(cannot preview: {exc.message})"
@@ -205,6 +217,7 @@ def write_file_preview(workspace: Path, arguments: dict[str, Any]) -> str:
 
 def write_file(ctx: ToolContext) -> ToolResult:
     rel, content = _write_target(ctx.arguments)
+    _no_links(ctx.workspace, rel)
     previous = _previous_content(ctx.workspace, rel)
     diff = _unified_diff(rel, previous, content)
     encoded = content.encode("utf-8")
