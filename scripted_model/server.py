@@ -65,6 +65,9 @@ class ScriptedModelServer(ThreadingHTTPServer):
         # Prompts estimated above this many tokens (`planner.prompt_tokens`) get OpenAI's 400
         # `context_length_exceeded`; None: no limit.
         self.context_window = context_window
+        # A test's provider failure: requests of these purposes (`planner.request_purpose`, e.g.
+        # "compaction") are answered with this HTTP status, every time.
+        self.refuse_purposes: dict[str, int] = {}
         super().__init__(address, ScriptedModelHandler)
         self.api_key = api_key or None
         self.log_requests = log_requests
@@ -182,6 +185,11 @@ class ScriptedModelHandler(BaseHTTPRequestHandler):
                                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
                     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
                 return
+        refused = self.server.refuse_purposes.get(request_purpose(body["messages"]))
+        if refused is not None:
+            self._record(body, None, received_at, "error", refused)
+            self._send_error(refused, f"Refused by the test (HTTP {refused}).")
+            return
         reply = plan_reply(body["messages"], body.get("tools"))
         if reply.sleep_ms:
             time.sleep(reply.sleep_ms / 1000)

@@ -175,6 +175,14 @@ def model_failure_record(step: Step, exc: llm.ModelCallFailed) -> None:
                 return
             code, message = "context_overflow", f"The prompt still exceeds the model's context window after " \
                                                 f"compacting: {message}"
+        elif step.kind == Step.Kind.COMPACTION:
+            if (step.arguments or {}).get("reason") != "overflow":
+                # Compacting ahead of the window (its threshold, or an operator's ask) is an
+                # optimisation: the prompt still fits, so the turn goes on with the full history (the
+                # planner never compacts twice in a row). It failed the turn before, not retryable
+                # on a 400, and said nothing of the compaction.
+                return
+            message = f"The compaction call failed (the prompt does not fit the model's window without it): {message}"
         turn_fail(turn_id=step.turn_id, code=code, message=message, retryable=exc.retryable)
 
 

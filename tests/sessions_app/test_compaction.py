@@ -210,6 +210,37 @@ def test_compaction_still_too_long_after_compacting_fails_with_a_clear_code(
     assert Step.objects.filter(turn=turn, kind="model", status="failed").count() == 2
 
 
+def test_a_failed_compaction_ahead_of_the_window_lets_the_turn_go_on(
+        windowed_model: ScriptedModelServer, owner: User) -> None:
+    """An audit: the compaction call answered 400 and the user's turn failed (model_error, not
+    retryable) although its prompt still fit; nothing said it was the compaction. A compaction
+    ahead of the window is an optimisation: the turn goes on with its whole history."""
+    agent = _agent(windowed_model, context_window=3000)  # compacts from 2,400; the model takes 4,000
+    windowed_model.refuse_purposes = {"compaction": 400}
+    try:
+        after = windowed_model.request_log.last_seq
+        turn = _drive(agent, owner, "\n".join([tool("read_file", path="big.txt")] * 3 + ["say made it"]))
+        sent = _sent(windowed_model, after)
+    finally:
+        windowed_model.refuse_purposes = {}
+    assert turn.status == "completed" and turn.output_text == "made it", (turn.error_code, turn.error_message)
+    assert "compaction" in [e.purpose for e in sent if e.status == 400]
+    (failed,) = Step.objects.filter(turn=turn, kind="compaction")
+    assert failed.status == "failed" and failed.arguments["reason"] == "threshold"
+
+
+def test_a_failed_compaction_after_an_overflow_fails_the_turn_saying_so(
+        windowed_model: ScriptedModelServer, owner: User) -> None:
+    agent = _agent(windowed_model, context_window=100_000)  # only the provider's 400 tells the engine
+    windowed_model.refuse_purposes = {"compaction": 400}
+    try:
+        turn = _drive(agent, owner, "\n".join([tool("read_file", path="big.txt")] * 5 + ["say never"]))
+    finally:
+        windowed_model.refuse_purposes = {}
+    assert turn.status == "failed"
+    assert turn.error_message.startswith("The compaction call failed (the prompt does not fit"), turn.error_message
+
+
 def test_compaction_step_rerun_after_a_crash_is_applied_once(
         windowed_model: ScriptedModelServer, owner: User, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = _agent(windowed_model)
