@@ -82,8 +82,13 @@ def approval_bulk_view(request: HtmxHttpRequest) -> HttpResponse:
             messages.error(request, exc.message)
             status = exc.status
         else:
-            done = sum(1 for v in outcomes.values() if v in ("approved", "pending"))
-            messages.success(request, f"Approved {done} of {len(outcomes)} identical requests, each on its own.")
+            approved = sum(1 for v in outcomes.values() if v == "approved")
+            voted = sum(1 for v in outcomes.values() if v == "pending")  # a quorum still short of its approvals
+            text = f"Approved {approved} of {len(outcomes)} identical requests, each on its own."
+            if voted:
+                text += (f" Your approval counted on {voted} more, which wait for "
+                         f"{'another reviewer' if voted == 1 else 'other reviewers'} (quorum).")
+            messages.success(request, text)
             request.session[BULK_OUTCOMES] = outcomes
             return redirect("approval_bulk")
     described = selectors.outcomes_described(request.session.pop(BULK_OUTCOMES, {}), user=request.user)

@@ -67,3 +67,19 @@ def test_four_eyes_still_applies_to_each_request_of_a_batch() -> None:
     outcomes = approval_bulk_approve(request_ids=[ok.request_id, own_session.request_id], actor=alice,
                                      arguments_sha256=ok.arguments_sha256)
     assert outcomes == {str(ok.request_id): "approved", str(own_session.request_id): "self_approval_forbidden"}
+
+
+def test_bulk_approval_of_quorum_requests_says_they_still_wait() -> None:
+    """An audit: 'Approved 4 of 4' while the quorum requests still waited for a second reviewer."""
+    from tests import factories
+    from tests.approvals_app.review_helpers import policy
+
+    (alice,) = reviewers(1)
+    policy(team=factories.team(), tool_name="run_command", required_approvals=2)
+    batch = [pending(arguments={"command": "make release"}) for _ in range(3)]
+    browser = login(alice)
+    form = {"request_id": [str(a.request_id) for a in batch], "arguments_sha256": batch[0].arguments_sha256}
+    shown = browser.post("/approvals/bulk/", form, follow=True).content.decode()
+    assert "Approved 0 of 3 identical requests" in shown
+    assert "Your approval counted on 3 more, which wait for other reviewers (quorum)." in shown
+    assert ApprovalRequest.objects.filter(pk__in=[a.pk for a in batch], status="pending").count() == 3
