@@ -1,5 +1,6 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -8,8 +9,27 @@ from sessions_app import services
 from sessions_app.models import AgentProfile, AgentSession, Artifact, Event, Step, Turn
 
 
+class AgentProfileForm(forms.ModelForm):
+    class Meta:
+        model = AgentProfile
+        fields = "__all__"
+
+    def clean(self) -> dict[str, Any]:
+        """Another team's MCP tools are not offered to this agent: every call of one was refused at
+        run time, naming the other team's server (an audit attached them through the admin)."""
+        cleaned = super().clean()
+        team, tools = cleaned.get("team"), cleaned.get("tools")
+        if team is not None and tools is not None:
+            foreign = sorted(t.name for t in tools.select_related("mcp_tool__server")
+                             if hasattr(t, "mcp_tool") and t.mcp_tool.server.team_id != team.pk)
+            if foreign:
+                self.add_error("tools", f"These MCP tools belong to another team's servers: {', '.join(foreign)}.")
+        return cleaned
+
+
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin):
+    form = AgentProfileForm
     list_display = ["name", "slug", "team", "model", "base_url", "enabled", "max_tool_calls", "max_tokens",
                     "context_window", "updated_at"]
     list_filter = ["enabled", "team", "model"]

@@ -175,3 +175,33 @@ def test_deleting_an_mcp_server_disables_the_tools_it_provided(admin_client: Cli
     assert not McpServer.objects.exists()
     definition.refresh_from_db()
     assert definition.enabled is False
+
+
+def test_an_agent_is_not_given_another_teams_mcp_tools(admin_client: Client) -> None:
+    """A tenancy audit attached another team's MCP tools to an agent: each call was refused at run
+    time, naming the other team's server. The admin form refuses them."""
+    from mcp_app.models import McpServer, McpTool
+    from sessions_app.models import AgentProfile
+    from tools_app.models import ToolDefinition
+
+    theirs = McpServer.objects.create(team=factories.team("acme"), name="tracker", command=["python3", "/srv/x.py"])
+    ours = McpServer.objects.create(team=factories.team("ops"), name="wiki", command=["python3", "/srv/y.py"])
+    tools = []
+    for server, name in ((theirs, "tracker__open"), (ours, "wiki__read")):
+        definition = ToolDefinition.objects.create(name=name, kind="mcp")
+        McpTool.objects.create(server=server, definition=definition, remote_name=name.split("__")[1],
+                               schema_sha256="0" * 64)
+        tools.append(definition)
+    form = {"name": "Ops", "slug": "ops-agent", "team": factories.team("ops").pk, "model": "m", "base_url": "",
+            "instructions": "", "starter_files": "{}", "metadata": "{}", "enabled": "on",
+            "max_tool_calls": 5, "max_model_calls": "", "max_tokens": "", "max_wall_seconds": "",
+            "keep_recent_steps": 6, "verification_rounds": 2, "tools": [t.pk for t in tools],
+            "api_key_env": "OPENAI_API_KEY", "compaction_threshold": 0.8}
+    response = admin_client.post("/admin/sessions_app/agentprofile/add/", form)
+    assert response.status_code == 200
+    assert "tracker__open" in str(response.context["adminform"].form.errors.get("tools"))
+    assert not AgentProfile.objects.filter(slug="ops-agent").exists()
+    form["tools"] = [tools[1].pk]
+    saved = admin_client.post("/admin/sessions_app/agentprofile/add/", form)
+    assert saved.status_code == 302, saved.context["adminform"].form.errors
+    assert list(AgentProfile.objects.get(slug="ops-agent").tools.values_list("name", flat=True)) == ["wiki__read"]
