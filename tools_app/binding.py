@@ -33,6 +33,8 @@ def _limits(tool_name: str, tool_timeout: int, network: str, arguments: Any) -> 
     if tool_name != "run_command":
         return {}
     requested = arguments.get("timeout_seconds") if isinstance(arguments, dict) else None
+    if isinstance(requested, float) and requested.is_integer():
+        requested = int(requested)  # JSON Schema's integer takes 5.0, and run_command applies int(5.0)
     timeout = tool_timeout
     if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
         timeout = min(requested, tool_timeout)

@@ -78,6 +78,21 @@ def test_run_spec_binds_tool_version_arguments_network_limits_timeout_and_backen
             != reference, change
 
 
+def test_run_spec_limits_are_the_ones_the_command_applies_for_a_float_timeout() -> None:
+    """A sandbox audit: timeout_seconds 5.0 (JSON Schema's integer takes it) showed the reviewer
+    limits of 120 s while run_command applied 5 s."""
+    from tools_app.builtin import execute_tool
+    from tools_app.sandbox import workspace_for
+
+    tool_definitions_seed()
+    tool = ToolDefinition.objects.get(name="run_command")
+    spec = run_spec(tool=tool, arguments={"command": "sleep 9", "timeout_seconds": 5.0}, sandbox_backend="bubblewrap")
+    applied = execute_tool(name="run_command", workspace=workspace_for("float-timeout"),
+                           timeout_seconds=tool.timeout_seconds,
+                           arguments={"command": "true", "timeout_seconds": 5.0}).data["timeout_seconds"]
+    assert spec["limits"]["timeout_seconds"] == applied == 5
+
+
 def test_approval_consume_once_then_refused(reviewer: User) -> None:
     approval = _approved(reviewer)
     consumed = services.approval_consume(request_id=approval.request_id, run_sha256=_run_hash(approval))
