@@ -62,7 +62,10 @@ def approvals_list_api(request: AuthedRequest, status: str | None = None, sessio
 def approval_get_api(request: AuthedRequest, request_id: str) -> dict[str, Any]:
     require_perm(request.user, VIEW_APPROVALS)
     approval = selectors.approval_get(request_id, user=request.user)
-    return {**approval_out(approval), "lineage": subagent_lineage(approval.session_id)}
+    # The run spec the hash is taken over (the secrets and environment a call uses, by reference):
+    # a reviewer deciding through the API sees what the decision page shows, and can recompute it.
+    return {**approval_out(approval), "lineage": subagent_lineage(approval.session_id),
+            "run_spec": approval.run_spec or None}
 
 
 @router.post("/approvals/{request_id}/decision", response={200: ApprovalOut, **ERRORS})

@@ -49,6 +49,7 @@ class ApprovalOut(Out):
     claimed_by: str | None
     claimed_until: datetime | None
     lineage: dict[str, Any] | None = None  # a subagent's request: root session, parent step, agent path
+    run_spec: dict[str, Any] | None = None  # GET /api/approvals/{id} only: what arguments_sha256 hashes
 
 
 class ApprovalPageOut(Out):

@@ -1,5 +1,7 @@
 """The approvals JSON API: the queue, one request by its request_id, and decisions (incl. races)."""
 
+import hashlib
+import json
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -113,6 +115,12 @@ def test_approval_get_api_shows_what_the_reviewer_decides_on(reviewer: User, app
     assert body["arguments_sha256"] == approval.arguments_sha256 and len(body["arguments_sha256"]) == 64
     assert body["session_id"] == str(approval.session_id) and body["step_id"] == str(approval.step_id)
     assert body["decided_by"] is None and body["expires_at"] is not None
+    # The run spec the hash is over (an audit: API reviewers could not see a call's environment
+    # and secrets, nor recompute the hash): its canonical JSON hashes to arguments_sha256.
+    spec = body["run_spec"]
+    assert spec["arguments"] == {"command": "rm -rf build"} and spec["tool"] == "run_command" and "limits" in spec
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert hashlib.sha256(canonical).hexdigest() == body["arguments_sha256"]
 
 
 @pytest.mark.django_db
