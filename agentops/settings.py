@@ -260,7 +260,8 @@ AGENTOPS_CLAIM_SECONDS = env.int("AGENTOPS_CLAIM_SECONDS", default=15 * 60)
 AGENTOPS_REVIEW_SWEEP_SECONDS = env.float("AGENTOPS_REVIEW_SWEEP_SECONDS", default=10.0)
 # Notifications (notify_app): links in emails and webhooks point at AGENTOPS_PUBLIC_URL; a failed
 # delivery is retried after base × 2^(n-1) seconds (capped), at most AGENTOPS_NOTIFY_MAX_ATTEMPTS
-# times; an email's one-time link is valid AGENTOPS_NOTIFY_LINK_SECONDS. Email goes through
+# times; a webhook attempt has a total deadline of AGENTOPS_NOTIFY_TIMEOUT_SECONDS (connect, send and
+# the whole answer); an email's one-time link is valid AGENTOPS_NOTIFY_LINK_SECONDS. Email goes through
 # Django's EMAIL_BACKEND (console by default; make run writes files under var/mail).
 AGENTOPS_PUBLIC_URL = env.str("AGENTOPS_PUBLIC_URL", default="http://127.0.0.1:8000")
 AGENTOPS_NOTIFY_BACKOFF_SECONDS = env.float("AGENTOPS_NOTIFY_BACKOFF_SECONDS", default=10.0)

@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agentops.celery import app
+from agentops.deadline import Deadline, send_within
 from agentops.domain import Conflict, NotFound, PermissionDenied, canonical_json
 from approvals_app.models import ApprovalRequest
 from notify_app.models import NOTIFY_EVENTS, Delivery, DeliveryAttempt, LinkUse, WebhookEndpoint
@@ -31,6 +32,7 @@ from notify_app.signing import link_load, link_token, signature_header
 
 log = logging.getLogger(__name__)
 SEND_TASK = "notify_app.tasks.delivery_send_task"
+WEBHOOK_ANSWER_CAP = 64 * 1024  # of a receiver's answer, read at most this much (the log keeps 500 characters)
 SECRET_KEY_RE = re.compile(r"(secret|password|passwd|token|api[_-]?key|authorization|credential|private)", re.I)
 EMAIL_EVENTS = {"approval.requested": "waits for your review", "approval.escalated": "was escalated (expires soon)",
                 "approval.decided": "was decided"}
@@ -104,7 +106,8 @@ def backoff_seconds(attempts: int) -> float:
 
 @transaction.atomic
 def _claim(delivery_pk: int, now: datetime) -> Delivery | None:
-    """Take a due delivery: its next attempt moves a lease ahead, so a concurrent sender skips it."""
+    """Take a due delivery: its next attempt moves a lease ahead, so a concurrent sender skips it
+    (twice the send's total deadline: the send is over before the lease is)."""
     delivery = (Delivery.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("endpoint", "recipient")
                 .filter(pk=delivery_pk, status=Delivery.Status.PENDING, next_attempt_at__lte=now).first())
@@ -123,13 +126,22 @@ def _send_webhook(delivery: Delivery) -> tuple[bool, int | None, str]:
     headers = {"Content-Type": "application/json", "User-Agent": "agentops-webhooks/1",
                "X-Agentops-Event": delivery.event_type, "X-Agentops-Delivery": str(delivery.delivery_id),
                "X-Agentops-Signature": signature_header(secret=endpoint.secret, body=body)}
+    # One total deadline for the whole exchange: a receiver that answers a byte at a time held a
+    # worker thread for as long as it kept dripping (httpx's timeout is per read).
+    seconds = settings.AGENTOPS_NOTIFY_TIMEOUT_SECONDS
+    deadline = Deadline(seconds)
     try:
-        response = httpx.post(endpoint.url, content=body, headers=headers,
-                              timeout=settings.AGENTOPS_NOTIFY_TIMEOUT_SECONDS, follow_redirects=False)
+        with httpx.Client(follow_redirects=False, timeout=deadline.remaining()) as client:
+            request = client.build_request("POST", endpoint.url, content=body, headers=headers)
+            response, received = send_within(client, request, deadline, cap=WEBHOOK_ANSWER_CAP)
     except httpx.HTTPError as exc:
+        if deadline.expired:
+            return False, None, f"deadline: no complete answer within {seconds:g} s (connect, send and response)"
         return False, None, f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        deadline.cancel()
     ok = 200 <= response.status_code < 300
-    return ok, response.status_code, "" if ok else response.text[:500]
+    return ok, response.status_code, "" if ok else received.decode(response.encoding or "utf-8", "replace")[:500]
 
 
 def _send_email(delivery: Delivery) -> tuple[bool, int | None, str]:

@@ -4,17 +4,20 @@ delivery log keeps both attempts; a replay sends the same delivery id again."""
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from notify_app.models import Delivery, DeliveryAttempt, WebhookEndpoint
 from notify_app.services import delivery_replay, delivery_send
 from notify_app.signing import signature_header, signature_verify
 from tests import factories
 from tests.approvals_app.review_helpers import pending, policy
+from tests.notify_app.drip import DripReceiver
 from tests.waiting import wait_for
 
 SECRET = "whsec-test-0123456789"
@@ -107,3 +110,29 @@ def test_a_delivery_gives_up_after_the_last_attempt(settings: Any) -> None:
         assert "arguments" not in r.calls[0]["body"] and r.calls[0]["body"]["arguments_omitted"] is True
     finally:
         r.server.shutdown()
+
+
+@pytest.mark.django_db
+def test_delivery_send_ends_a_dripping_answer_at_its_total_deadline(settings: Any) -> None:
+    """A receiver that answers 200 and then one byte every 0.3 s held the sender for as long as it
+    dripped (httpx's timeout is per read; this one gives up after 20 s): the total deadline ends the
+    attempt, which counts as failed and is retried with the usual backoff."""
+    settings.AGENTOPS_NOTIFY_TIMEOUT_SECONDS = 2
+    settings.AGENTOPS_NOTIFY_BACKOFF_SECONDS = 30
+    drip = DripReceiver(interval=0.3, give_up_after=20)
+    try:
+        WebhookEndpoint.objects.create(team=factories.team(), name="slow", url=drip.url, secret=SECRET)
+        pending()
+        delivery = Delivery.objects.get(channel="webhook")
+        started = time.monotonic()
+        row = delivery_send(delivery_pk=delivery.pk)
+        elapsed = time.monotonic() - started
+    finally:
+        drip.close()
+    assert elapsed < 4, f"the attempt took {elapsed:.1f} s"
+    assert row is not None and (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error.startswith("deadline: no complete answer within 2 s")
+    (attempt,) = DeliveryAttempt.objects.filter(delivery=delivery)
+    assert (attempt.ok, attempt.status_code) == (False, None) and 1900 <= attempt.duration_ms < 4000
+    assert 25 <= (row.next_attempt_at - timezone.now()).total_seconds() <= 30  # backoff, as for any failure
+    assert drip.deliveries == [str(delivery.delivery_id)]

@@ -1,18 +1,16 @@
 """Tools with effects beyond the workspace: send_email (through the outbox) and http_request."""
 
 import codecs
-import contextlib
 import ipaddress
 import re
 import socket
-import threading
-import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
 
+from agentops.deadline import Deadline, send_within
 from tools_app.outbox import outbox_send
 
 from .registry import ToolContext, ToolError, ToolResult, cap_text
@@ -122,47 +120,6 @@ def _text(body: bytes, encoding: str | None) -> str:
     return body.decode(codec.name, "replace")
 
 
-class _Deadline:
-    """A total deadline for one request: connect, headers and body together. httpx's timeouts
-    are per operation, so a server dripping a byte before each read timeout held a worker forever;
-    past the deadline the socket is shut down, which ends any read blocked on it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-        self.expired = False
-        self._timers: list[threading.Timer] = []
-
-    def remaining(self) -> float:
-        return max(0.001, self.at - time.monotonic())
-
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: arm the deadline on the socket as soon as it is connected."""
-        if event != "connection.connect_tcp.complete":
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is not None:
-            timer = threading.Timer(self.remaining(), self._expire, args=(sock,))
-            timer.daemon = True
-            self._timers.append(timer)
-            timer.start()
-
-    def _expire(self, sock: socket.socket) -> None:
-        self.expired = True
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def check(self) -> None:
-        if self.expired or time.monotonic() >= self.at:
-            self.expired = True
-            raise httpx.ReadTimeout("total deadline")
-
-    def cancel(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-
-
 def _resolve_checked(host: str, port: int) -> str:
     """Resolve once and return the address to connect to; refuse private targets.
 
@@ -202,7 +159,7 @@ def http_request(ctx: ToolContext) -> ToolResult:
     allowed = list(getattr(settings, "AGENTOPS_HTTP_ALLOWED_HOSTS", []))
     if not _host_allowed(host, allowed):
         raise ToolError("denied", f"host {host!r} is not in AGENTOPS_HTTP_ALLOWED_HOSTS")
-    deadline = _Deadline(float(ctx.timeout_seconds))
+    deadline = Deadline(float(ctx.timeout_seconds))
     address = _resolve_checked(host, port)
     literal = f"[{address}]" if ":" in address else address
     pinned = urlunsplit((parts.scheme, f"{literal}:{port}", parts.path or "/", parts.query, ""))
@@ -211,25 +168,14 @@ def http_request(ctx: ToolContext) -> ToolResult:
     # request the reviewer re-ran after a crash (in_doubt → retry) once. The model may set its own.
     if ctx.idempotency_key and not any(key.lower() == "idempotency-key" for key in headers):
         headers["Idempotency-Key"] = ctx.idempotency_key
-    extensions: dict[str, Any] = {"trace": deadline.trace}
-    if parts.scheme == "https":
-        extensions["sni_hostname"] = host
+    extensions: dict[str, Any] = {"sni_hostname": host} if parts.scheme == "https" else {}
     body = ctx.arguments.get("body")
     try:
         with httpx.Client(trust_env=False, follow_redirects=False, timeout=deadline.remaining()) as client:
             request = client.build_request(ctx.arguments.get("method", "GET"), pinned, headers=headers,
                                            content=body.encode() if body is not None else None,
                                            extensions=extensions)
-            response = client.send(request, stream=True)
-            try:
-                received = bytearray()
-                for chunk in response.iter_bytes():
-                    deadline.check()
-                    received += chunk
-                    if len(received) > HTTP_BODY_CAP:
-                        break
-            finally:
-                response.close()
+            response, received = send_within(client, request, deadline, cap=HTTP_BODY_CAP)
     except httpx.HTTPError as exc:
         if isinstance(exc, httpx.TimeoutException) or deadline.expired:
             raise ToolError("timeout", f"the request to {host} did not finish within {ctx.timeout_seconds} s "
