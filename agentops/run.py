@@ -3,9 +3,10 @@
 Starts an embedded Redis when REDIS_URL is unset, the scripted model server unless
 OPENAI_API_KEY / OPENAI_BASE_URL are set, migrates, seeds the demo, then runs daphne
 ($AGENTOPS_WEB_PROCESSES processes on one port, default 2), a Celery worker (ticks and commands,
-with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local)
+with beat for the recovery sweeper; it is also the sandbox host "local", queue sandbox.local), a
+second one for the notifications (queue notify, $NOTIFY_WORKER_CONCURRENCY threads, default 4),
 the model gateway (the model calls, $AGENTOPS_GATEWAY_CONCURRENCY at once) and the announcer
-(renders and sends the live events the others relay to it). The worker and the gateway run at a
+(renders and sends the live events the others relay to it). The workers and the gateway run at a
 lower CPU priority than daphne and the announcer (``agentops/priority.py``).
 """
 
@@ -162,6 +163,12 @@ def main() -> int:
                              str(ROOT / "var" / "celerybeat-schedule")],
                   child_env={**env, "AGENTOPS_SANDBOX_HOST": local_host, "AGENTOPS_WORKSPACE_HOST": local_host},
                   background=True)
+            # Notifications (webhooks, email) on a worker of their own: a receiver that answers slowly
+            # takes its threads, never the engine's (a dripping one stalled every team's turns).
+            spawn("notifier", [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "notify", "--pool", "threads",
+                               "--concurrency", os.environ.get("NOTIFY_WORKER_CONCURRENCY", "4"), "-l", "warning",
+                               "-n", "notify@%h"],
+                  child_env={**env, "AGENTOPS_SANDBOX_HOST": "", "AGENTOPS_WORKSPACE_HOST": ""}, background=True)
             env["AGENTOPS_WORKSPACE_HOST"] = local_host
             spawn("gateway", [PY, "manage.py", "model_gateway"], background=True)
             for name, command in webserve.announcer_commands(PY, env).items():

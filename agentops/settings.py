@@ -189,8 +189,10 @@ CELERY_TASK_ROUTES = {
     "sessions_app.tasks.retention_sweep_task": {"queue": "engine"},
     "hosts_app.tasks.host_sweep_task": {"queue": "engine"},
     "approvals_app.tasks.review_sweep_task": {"queue": "engine"},
-    "notify_app.tasks.delivery_send_task": {"queue": "engine"},
-    "notify_app.tasks.outbox_sweep_task": {"queue": "engine"},
+    # Deliveries wait on other people's servers: a queue of their own, consumed by a worker of its
+    # own (make run's "notifier"), so a slow receiver never holds the threads that run the engine.
+    "notify_app.tasks.delivery_send_task": {"queue": "notify"},
+    "notify_app.tasks.outbox_sweep_task": {"queue": "notify"},
 }
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "sessions_app.tasks.recovery_sweep_task",

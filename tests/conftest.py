@@ -158,6 +158,21 @@ def celery_worker(transactional_db: None):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
+def notify_worker(transactional_db: None):  # type: ignore[no-untyped-def]
+    """A real Celery worker (in a thread) consuming the notifications' queue, as make run's "notifier"
+    does. Not together with ``celery_worker`` (two in-thread workers share Celery's stop flag): a
+    test that needs both starts one with ``worker_process``."""
+    from celery.contrib.testing.worker import start_worker
+
+    from agentops.celery import app
+
+    app.conf.broker_connection_retry_on_startup = True
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
+                      queues=["notify"], shutdown_timeout=30) as worker:
+        yield worker
+
+
+@pytest.fixture
 def model_gateway(transactional_db: None, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """A real model gateway (its own event loop, in a thread) reading the real Redis stream.
     ``@pytest.mark.gateway_watch(seconds)``: how often it looks for calls of settled steps."""
@@ -211,20 +226,22 @@ def worker_process(transactional_db: None, tmp_path: Path) -> Iterator[WorkerFac
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(*, kind: str = "worker", failpoint: str = "", beat: bool = False,
-              marker: Path | None = None, concurrency: int | None = None) -> subprocess.Popen[bytes]:
-        """A Celery worker (``kind="worker"``, with beat: the sweeper) or a model gateway."""
+              marker: Path | None = None, concurrency: int | None = None, queues: str = "engine,sandbox",
+              extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A Celery worker (``kind="worker"`` on ``queues``, with beat: the sweeper) or a model gateway."""
         env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL,
                "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
                "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
                # Short leases (a live gateway renews its own every third of one) and a fast sweeper; 3 s
                # rides out the stalls of a loaded 2-core machine (a 1 s lease expired under a live gateway).
                "AGENTOPS_LEASE_SECONDS": "3", "AGENTOPS_MODEL_TIMEOUT_SECONDS": "5", "AGENTOPS_SWEEP_SECONDS": "0.5",
-               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or "")}
+               "AGENTOPS_FAILPOINT_AFTER_TOOL": failpoint, "AGENTOPS_FAILPOINT_MARKER": str(marker or ""),
+               **(extra_env or {})}
         env.pop("DATABASE_TEST_NAME", None)
         if kind == "gateway":
             args = [sys.executable, "manage.py", "model_gateway", "--concurrency", str(concurrency or 50)]
         else:
-            args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
+            args = [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", queues,
                     "--pool", "threads", "-c", str(concurrency or 4), "-l", "warning", "-n", f"w{len(procs)}@%h"]
         if beat:
             args += ["-B", "--schedule", str(tmp_path / f"beat-{len(procs)}")]

@@ -45,6 +45,10 @@ def test_launcher_starts_web_worker_model_and_redis_then_stops_them_all(tmp_path
         names = " ".join(commands.values())
         assert "daphne" in names and "celery" in names and "scripted_model" in names and "redis-server" in names
         assert "model_gateway" in names
+        # Two Celery workers: the notifications on one of their own (a slow webhook receiver held the
+        # engine's threads when they shared one).
+        queues = sorted(c.split(" -Q ", 1)[1].split()[0] for c in commands.values() if "celery" in c and " -Q " in c)
+        assert set(queues) == {"engine,sandbox,sandbox.local", "notify"}, queues
         # The worker and the gateway run at a lower CPU priority than daphne (agentops/priority.py).
         nice = {c.pid: c.nice() for c in children}
         for c in children:

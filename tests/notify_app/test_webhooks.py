@@ -1,6 +1,7 @@
 """Webhooks: a real local HTTP receiver verifies the HMAC signature and timestamp, answers 500
-first and 200 next; a real Celery worker delivers from the outbox and retries with backoff; the
-delivery log keeps both attempts; a replay sends the same delivery id again."""
+first and 200 next; a real Celery worker (on the notify queue) delivers from the outbox and
+retries with backoff; the delivery log keeps both attempts; a replay sends the same delivery id
+again. A dripping receiver is cut off at the attempt's total deadline."""
 
 import json
 import threading
@@ -65,7 +66,7 @@ def test_signature_verification_refuses_tampering_and_old_timestamps() -> None:
     assert not signature_verify(secret=SECRET, header="garbage", body=body)
 
 
-@pytest.mark.usefixtures("celery_worker")
+@pytest.mark.usefixtures("notify_worker")
 def test_webhook_is_signed_retried_after_500_and_logged(receiver: Receiver, settings: Any) -> None:
     settings.AGENTOPS_NOTIFY_BACKOFF_SECONDS = 0.5
     team = factories.team()
