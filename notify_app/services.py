@@ -12,16 +12,19 @@ import re
 import time
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import redis
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
+from agentops import dispatch
 from agentops.celery import app
 from agentops.deadline import Deadline, send_within
 from agentops.domain import Conflict, NotFound, PermissionDenied, canonical_json
@@ -32,6 +35,7 @@ from notify_app.signing import link_load, link_token, signature_header
 
 log = logging.getLogger(__name__)
 SEND_TASK = "notify_app.tasks.delivery_send_task"
+NOTIFY_QUEUE = "notify"  # where settings.CELERY_TASK_ROUTES send the deliveries and the sweep
 WEBHOOK_ANSWER_CAP = 64 * 1024  # of a receiver's answer, read at most this much (the log keeps 500 characters)
 SECRET_KEY_RE = re.compile(r"(secret|password|passwd|token|api[_-]?key|authorization|credential|private)", re.I)
 EMAIL_EVENTS = {"approval.requested": "waits for your review", "approval.escalated": "was escalated (expires soon)",
@@ -197,12 +201,34 @@ def _retry_later(pk: int, delay: float) -> None:
         log.warning("could not schedule the retry of delivery %s; the outbox sweep will", pk)
 
 
+def notify_backlog() -> int:
+    """Tasks waiting in the notify queue (the Redis list kombu keeps for it)."""
+    return cast(int, dispatch.redis_client().llen(NOTIFY_QUEUE))
+
+
 def outbox_sweep(*, now: datetime | None = None, limit: int = 200) -> int:
-    """Send the due deliveries (those whose task was lost or whose retry came due). How many sent."""
+    """Hand each due delivery (its task was lost, or its retry came due) to a task of its own, the
+    oldest first; how many were handed over. Sent here one after another, a slow receiver held the
+    sweep, and every delivery behind it, for up to ``limit`` deadlines. While the queue holds
+    ``limit`` tasks or more the workers are behind, not missing tasks: none are added (each sweep
+    would add the same rows again)."""
     now = now or timezone.now()
+    try:
+        room = limit - notify_backlog()
+    except redis.RedisError:
+        log.warning("outbox sweep: Redis is unreachable; nothing enqueued this time")
+        return 0
+    if room <= 0:
+        return 0
     due = list(Delivery.objects.filter(status=Delivery.Status.PENDING, next_attempt_at__lte=now)
-               .order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
-    return sum(1 for pk in due if delivery_send(delivery_pk=pk, now=now) is not None)
+               .order_by("next_attempt_at").values_list("pk", flat=True)[:room])
+    for n, pk in enumerate(due):
+        try:
+            app.send_task(SEND_TASK, args=[pk])
+        except (OperationalError, redis.RedisError, OSError):
+            log.warning("outbox sweep: could not enqueue delivery %s; the next sweep will", pk)
+            return n
+    return len(due)
 
 
 @transaction.atomic

@@ -167,7 +167,7 @@ def notify_worker(transactional_db: None):  # type: ignore[no-untyped-def]
     from agentops.celery import app
 
     app.conf.broker_connection_retry_on_startup = True
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING",
                       queues=["notify"], shutdown_timeout=30) as worker:
         yield worker
 

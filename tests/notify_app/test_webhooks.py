@@ -1,20 +1,24 @@
 """Webhooks: a real local HTTP receiver verifies the HMAC signature and timestamp, answers 500
 first and 200 next; a real Celery worker (on the notify queue) delivers from the outbox and
 retries with backoff; the delivery log keeps both attempts; a replay sends the same delivery id
-again. A dripping receiver is cut off at the attempt's total deadline."""
+again. A dripping receiver is cut off at the attempt's total deadline, and holds neither the outbox
+sweep nor the deliveries behind it."""
 
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from agentops import dispatch
 from notify_app.models import Delivery, DeliveryAttempt, WebhookEndpoint
-from notify_app.services import delivery_replay, delivery_send
+from notify_app.services import NOTIFY_QUEUE, delivery_replay, delivery_send, notify_backlog, outbox_sweep
 from notify_app.signing import signature_header, signature_verify
 from tests import factories
 from tests.approvals_app.review_helpers import pending, policy
@@ -137,3 +141,55 @@ def test_delivery_send_ends_a_dripping_answer_at_its_total_deadline(settings: An
     assert (attempt.ok, attempt.status_code) == (False, None) and 1900 <= attempt.duration_ms < 4000
     assert 25 <= (row.next_attempt_at - timezone.now()).total_seconds() <= 30  # backoff, as for any failure
     assert drip.deliveries == [str(delivery.delivery_id)]
+
+
+def _lost(endpoint: WebhookEndpoint, *, age: float) -> Delivery:
+    """An outbox row due ``age`` seconds ago whose task was lost: only the sweep sends it."""
+    return Delivery.objects.create(channel="webhook", team=endpoint.team, endpoint=endpoint,
+                                   event_type="approval.requested", request_id=uuid.uuid4(),
+                                   payload={"event": "approval.requested"},
+                                   next_attempt_at=timezone.now() - timedelta(seconds=age))
+
+
+@pytest.mark.usefixtures("notify_worker")
+def test_outbox_sweep_hands_each_due_delivery_to_a_task_of_its_own(settings: Any) -> None:
+    """The sweep sent the due deliveries one after another in its own task: two to a dripping
+    receiver, the oldest, held it 2 × 10 s before the first to a working one. Now it enqueues each
+    and returns at once; the real worker delivers the good ones while the slow ones are in flight."""
+    settings.AGENTOPS_NOTIFY_TIMEOUT_SECONDS = 10
+    drip, good = DripReceiver(give_up_after=60), Receiver([])
+    try:
+        team = factories.team()
+        slow_end = WebhookEndpoint.objects.create(team=team, name="slow", url=drip.url, secret=SECRET)
+        good_end = WebhookEndpoint.objects.create(team=team, name="good", url=good.url, secret=SECRET)
+        slow = [_lost(slow_end, age=60 - n).pk for n in range(2)]
+        fast = [_lost(good_end, age=30 - n).pk for n in range(3)]
+        started = time.monotonic()
+        assert outbox_sweep() == 5
+        assert time.monotonic() - started < 2, f"the sweep took {time.monotonic() - started:.1f} s"
+        wait_for(lambda: Delivery.objects.filter(pk__in=fast, status="delivered").count() == 3, 5,
+                 "the deliveries to the working receiver")
+        assert Delivery.objects.filter(pk__in=slow, status="pending", attempts=1).count() == 2
+        assert drip.open == 2 and len(good.calls) == 3
+        assert outbox_sweep() == 0  # the slow ones are claimed, in flight; the others delivered
+    finally:
+        drip.close()
+        good.server.shutdown()
+
+
+@pytest.mark.django_db
+def test_outbox_sweep_adds_nothing_while_the_notify_queue_is_deep() -> None:
+    """With no worker taking them, a sweep every few seconds would queue the same due rows again and
+    again: it fills the queue up to its limit, no further."""
+    client = dispatch.redis_client()
+    client.delete(NOTIFY_QUEUE)  # what earlier tests left there
+    try:
+        endpoint = WebhookEndpoint.objects.create(team=factories.team(), name="x", url="http://127.0.0.1:9/",
+                                                  secret=SECRET)
+        for n in range(5):
+            _lost(endpoint, age=n)
+        assert outbox_sweep(limit=3) == 3 and notify_backlog() == 3
+        assert outbox_sweep(limit=3) == 0 and notify_backlog() == 3
+        assert outbox_sweep(limit=4) == 1 and notify_backlog() == 4
+    finally:
+        client.delete(NOTIFY_QUEUE)
