@@ -197,8 +197,9 @@ def _start_product(stack: Stack, layout: str, *, database_url: str, redis_url: s
     # The background roles at a lower CPU priority than daphne and the announcer, as make run and
     # the README's layout run them (agentops/priority.py).
     priority.background(stack.spawn("worker", [
-        PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox", "--pool", "threads", "-c", "16",
-        "-l", "warning", "--without-gossip", "--without-mingle", "--schedule", str(stack.logs / "beat-schedule")]).pid)
+        PY, "-m", "celery", "-A", "agentops", "worker", "-B", "-Q", "engine,sandbox,notify", "--pool", "threads",
+        "-c", "16", "-l", "warning", "--without-gossip", "--without-mingle",
+        "--schedule", str(stack.logs / "beat-schedule")]).pid)
     stack.env = dict(env, AGENTOPS_DB_POOL_SIZE=pools["gateway"])
     for n in (1, 2):
         priority.background(stack.spawn(f"gateway{n}", [PY, "manage.py", "model_gateway", "--concurrency", "600",

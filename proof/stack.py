@@ -117,8 +117,8 @@ class Stack:
             "model": [PY, "-m", "scripted_model", "--port", str(self.model_port), "--quiet"],
             **{("web" if n == 0 else f"web-{n + 1}"): webserve.daphne_command(PY, sock)
                for n in range(self.web_processes or webserve.web_processes())},
-            "worker-engine": [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine", "--pool", "threads",
-                              "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
+            "worker-engine": [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,notify", "--pool",
+                              "threads", "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",
                               "-n", f"engine{os.getpid()}@%h"],
             "worker-sandbox": [PY, "-m", "celery", "-A", "agentops", "worker", "-Q", "sandbox", "--pool", "threads",
                                "-c", "4", "-l", "warning", "--without-gossip", "--without-mingle",

@@ -110,7 +110,7 @@ def stack(transactional_db: None, tmp_path: Path, stack_env: dict[str, str]) -> 
         model = s.spawn("model", [sys.executable, "manage.py", "scripted_model", "--port", str(model_port),
                                   "--quiet"])
         wait_port(model_port, model, "scripted model")
-        s.spawn("worker", [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox",
+        s.spawn("worker", [sys.executable, "-m", "celery", "-A", "agentops", "worker", "-Q", "engine,sandbox,notify",
                            "--pool", "threads", "-c", "4", "-l", "warning", "--without-heartbeat",
                            "--without-gossip", "--without-mingle"])
         s.spawn("gateway", [sys.executable, "manage.py", "model_gateway", "--concurrency", "50"])
