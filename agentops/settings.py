@@ -273,6 +273,15 @@ AGENTOPS_NOTIFY_TIMEOUT_SECONDS = env.float("AGENTOPS_NOTIFY_TIMEOUT_SECONDS", d
 AGENTOPS_NOTIFY_LINK_SECONDS = env.int("AGENTOPS_NOTIFY_LINK_SECONDS", default=7 * 24 * 3600)
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(BASE_DIR / "var" / "mail"))
+# The SMTP backend's server; its timeout bounds each socket operation (Django's default: none, and a
+# server that stops answering held a notify thread for good).
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=AGENTOPS_NOTIFY_TIMEOUT_SECONDS)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agentops@localhost")
 AGENTOPS_LEASE_SECONDS = env.int("AGENTOPS_LEASE_SECONDS", default=60)
 # The sweeper's kicks of quiet turns (a wake-up lost in a Redis blip): only turns with nothing in
