@@ -337,6 +337,9 @@ AGENTOPS_HTTP_ALLOW_PRIVATE = env.bool("AGENTOPS_HTTP_ALLOW_PRIVATE", default=Fa
 # The secrets vault's Fernet keys, comma-separated: the first encrypts, all decrypt (rotation:
 # vault_app/crypto.py). Required; with AGENTOPS_DEMO and none set, a demo key is derived from SECRET_KEY.
 AGENTOPS_SECRET_KEYS = env.list("AGENTOPS_SECRET_KEYS", default=[])
+# A secret's value that was replaced or deleted stays in its team's redaction set this many days
+# (a file written while it was live can be read back later; a rotated credential often still works).
+AGENTOPS_SECRET_RETIRED_REDACT_DAYS = env.float("AGENTOPS_SECRET_RETIRED_REDACT_DAYS", default=90.0)
 # A user's sessions working at once; a new one past it is refused with 429 (empty: no limit).
 AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER: int | None = env.int("AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER", default=None)
 AGENTOPS_MAX_REQUEST_BYTES = env.int("AGENTOPS_MAX_REQUEST_BYTES", default=1_000_000)

@@ -91,9 +91,11 @@ def secret_forms(value: str) -> set[str]:
 class Redactor:
     """Replaces the secrets it was given, in any of their forms, by ``[secret:NAME]``."""
 
-    def __init__(self, secrets: Mapping[str, str]) -> None:
+    def __init__(self, secrets: Mapping[str, str], *, retired: Iterable[tuple[str, str]] = ()) -> None:
+        """``secrets``: name -> current value; ``retired``: (name, value) pairs a secret no longer
+        has but that are still redacted (as ``[secret:NAME]``; a current value wins a clash)."""
         forms: dict[str, str] = {}
-        for name, value in secrets.items():
+        for name, value in [*secrets.items(), *retired]:
             for form in secret_forms(value):
                 forms.setdefault(form, name)
         self._forms = forms

@@ -2,6 +2,8 @@
 
 The value is never read back by anyone: the API and the admin only write it; the executing task
 decrypts it (``vault_app.resolve``) to put it where a ``{{secret:NAME}}`` reference asks for it.
+A value that was replaced or deleted is kept (encrypted) as a ``RetiredSecretValue`` for
+AGENTOPS_SECRET_RETIRED_REDACT_DAYS, only so that the redactor keeps hiding it.
 """
 
 import uuid
@@ -38,3 +40,22 @@ class Secret(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.team_id})"
+
+
+class RetiredSecretValue(models.Model):
+    """A value a secret no longer has (replaced or deleted), still redacted: a file a command wrote
+    while it was live, or an API that echoes it, can hand it back later, and a rotated credential
+    is often still valid. Never resolved for a call; dropped after the retention period."""
+
+    id = models.BigAutoField(primary_key=True)
+    team = models.ForeignKey("agentops.Team", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100, help_text="The secret's name: redacted as [secret:NAME].")
+    ciphertext = models.TextField(help_text="Fernet token of the retired value (AGENTOPS_SECRET_KEYS).")
+    retired_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["team_id", "-retired_at"]
+        indexes = [models.Index(fields=["team", "retired_at"], name="retired_secret_team_time")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (retired {self.retired_at:%Y-%m-%d}, {self.team_id})"

@@ -5,7 +5,9 @@ arguments, a command's environment, an MCP server's headers or env) for the valu
 each secret exists in the team, has not expired and allows this tool; otherwise it raises
 ``SecretRefused`` and nothing may run. ``team_redactor`` gives the redactor every stored output of
 the team's sessions goes through: every secret of the team, whichever the call used (a value can
-come back later, e.g. from a file a command wrote).
+come back later, e.g. from a file a command wrote), and the values its secrets had until they were
+replaced or deleted in the last AGENTOPS_SECRET_RETIRED_REDACT_DAYS (a rotated credential often
+still works, and the file written with it is still there).
 
 Use from a tool source (the MCP client, for one)::
 
@@ -21,14 +23,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from agentops.domain import DomainError
 from tools_app.secret_refs import Redactor, references_in, substitute
 from vault_app.crypto import VaultKeyError, decrypt
-from vault_app.models import Secret
+from vault_app.models import RetiredSecretValue, Secret
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,14 @@ def secrets_check(*, team_id: int | None, tool_name: str, values: Any) -> list[s
     return names
 
 
+def retired_cutoff(now: datetime | None = None) -> datetime:
+    """Values retired before this are no longer redacted (and are dropped at the next write)."""
+    return (now or timezone.now()) - timedelta(days=settings.AGENTOPS_SECRET_RETIRED_REDACT_DAYS)
+
+
 def team_redactor(team_id: int | None) -> Redactor:
-    """A redactor of every secret of the team (one query; values decrypted in memory only)."""
+    """A redactor of every secret of the team and of its values retired within the retention
+    period (two queries; values decrypted in memory only)."""
     if team_id is None:
         return Redactor({})
     values: dict[str, str] = {}
@@ -86,7 +96,15 @@ def team_redactor(team_id: int | None) -> Redactor:
             values[name] = decrypt(token)
         except VaultKeyError:
             log.error("secret %r of team %s cannot be decrypted with the configured keys", name, team_id)
-    return Redactor(values)
+    retired: list[tuple[str, str]] = []
+    for name, token in RetiredSecretValue.objects.filter(
+            team_id=team_id, retired_at__gte=retired_cutoff()).values_list("name", "ciphertext"):
+        try:
+            retired.append((name, decrypt(token)))
+        except VaultKeyError:
+            log.error("a retired value of secret %r of team %s cannot be decrypted with the configured keys: it is "
+                      "no longer redacted", name, team_id)
+    return Redactor(values, retired=retired)
 
 
 _CACHE_SECONDS = 2.0
@@ -96,7 +114,8 @@ _cache_lock = threading.Lock()
 
 def team_redactor_cached(team_id: int | None) -> Redactor:
     """``team_redactor`` kept for 2 s per process: the inline read-only tools run many times a
-    second and must not add a query each (a secret created meanwhile is covered 2 s later)."""
+    second and must not add a query each (a secret created meanwhile is covered 2 s later; a value
+    replaced or deleted meanwhile is still in the kept one, and retired in the next)."""
     if team_id is None:
         return Redactor({})
     now = time.monotonic()

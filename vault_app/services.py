@@ -1,14 +1,17 @@
 """Every write to the vault: create, replace the value or the rules, delete, rotate the keys.
 
-The value goes in and is encrypted at once; no service returns it. Permissions: the interfaces
-have found the team through a scoped read; these services check the model permission
-(``vault_app.add_secret`` / ``change_secret`` / ``delete_secret``: admins) and the membership.
+The value goes in and is encrypted at once; no service returns it. A value replaced or deleted is
+retired, not forgotten: kept encrypted (``RetiredSecretValue``) and redacted for
+AGENTOPS_SECRET_RETIRED_REDACT_DAYS, since what a command wrote while it was live can come back.
+Permissions: the interfaces have found the team through a scoped read; these services check the
+model permission (``vault_app.add_secret`` / ``change_secret`` / ``delete_secret``: admins) and the membership.
 """
 
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -17,7 +20,8 @@ from agentops.models import Team
 from agentops.teams import team_ids
 from tools_app.secret_refs import MIN_VALUE_CHARS, SECRET_NAME_RE
 from vault_app import crypto
-from vault_app.models import Secret
+from vault_app.models import RetiredSecretValue, Secret
+from vault_app.resolve import retired_cutoff
 
 MAX_VALUE_CHARS = 16 * 1024
 MAX_ALLOWED_TOOLS = 100
@@ -96,6 +100,17 @@ def secret_create(*, actor: Any, team_id: int, name: str, value: str, allowed_to
     return secret
 
 
+def _retire(secret: Secret) -> None:
+    """Keep the secret's current value (its ciphertext as stored) in the team's redaction set, and
+    drop the team's retired values past the retention period. Call inside atomic() on a locked row.
+    Every process's cached redactor (``team_redactor_cached``) picks it up on its next refill."""
+    now = timezone.now()
+    RetiredSecretValue.objects.filter(team_id=secret.team_id, retired_at__lt=retired_cutoff(now)).delete()
+    if settings.AGENTOPS_SECRET_RETIRED_REDACT_DAYS > 0:
+        RetiredSecretValue.objects.create(team_id=secret.team_id, name=secret.name, ciphertext=secret.ciphertext,
+                                          retired_at=now)
+
+
 def _locked(secret_id: UUID) -> Secret:
     try:
         return Secret.objects.select_for_update().get(pk=secret_id)
@@ -114,7 +129,10 @@ def secret_update(*, actor: Any, secret_id: UUID, value: str | None = None, allo
     _require(actor, "change", secret.team_id)
     fields = ["updated_at"]
     if value is not None:
-        secret.ciphertext, secret.value_updated_at = crypto.encrypt(_checked_value(value)), timezone.now()
+        value = _checked_value(value)
+        if not _holds(secret, value):  # the old value may still work, and files may hold it
+            _retire(secret)
+        secret.ciphertext, secret.value_updated_at = crypto.encrypt(value), timezone.now()
         fields += ["ciphertext", "value_updated_at"]
     if allowed_tools is not None:
         secret.allowed_tools = _checked_tools(allowed_tools)
@@ -133,25 +151,44 @@ def secret_update(*, actor: Any, secret_id: UUID, value: str | None = None, allo
 def secret_delete(*, actor: Any, secret_id: UUID) -> None:
     secret = _locked(secret_id)
     _require(actor, "delete", secret.team_id)
+    _retire(secret)  # still redacted: what a command wrote with it outlives the secret
     secret.delete()
 
 
+def _holds(secret: Secret, value: str) -> bool:
+    try:
+        return crypto.decrypt(secret.ciphertext) == value
+    except crypto.VaultKeyError:
+        return False  # unreadable: retire it anyway (rotation keeps it decryptable or it is lost)
+
+
 def secrets_rotate(*, batch: int = 100) -> dict[str, int]:
-    """Re-encrypt every secret with the first key. Each row is locked and rewritten in its own
-    short transaction, so tool calls go on resolving secrets meanwhile (every configured key still
-    decrypts); a row whose value was replaced meanwhile is already under the first key."""
+    """Re-encrypt every secret, and every retired value still redacted, with the first key. Each
+    row is locked and rewritten in its own short transaction, so tool calls go on resolving secrets
+    meanwhile (every configured key still decrypts); a row whose value was replaced meanwhile is
+    already under the first key. Retired values past the retention period are dropped first; the
+    others must be rotated too, or dropping the old key would leave them undecryptable and so no
+    longer redacted."""
+    RetiredSecretValue.objects.filter(retired_at__lt=retired_cutoff()).delete()
+    rotated, current = _rotate_rows(Secret, batch)
+    retired_rotated, _ = _rotate_rows(RetiredSecretValue, batch)
+    return {"rotated": rotated, "current": current, "retired_rotated": retired_rotated}
+
+
+def _rotate_rows(model: type[Secret] | type[RetiredSecretValue], batch: int) -> tuple[int, int]:
+    """(re-encrypted, already under the first key) of the model's rows, one locked row at a time."""
     rotated = current = 0
-    ids = list(Secret.objects.order_by("pk").values_list("pk", flat=True))
+    ids: list[Any] = list(model.objects.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids), batch):
-        for secret_id in ids[start:start + batch]:
+        for pk in ids[start:start + batch]:
             with transaction.atomic():
-                secret = Secret.objects.select_for_update().filter(pk=secret_id).first()
-                if secret is None:
+                row = model.objects.select_for_update().filter(pk=pk).first()
+                if row is None:
                     continue
-                if crypto.encrypted_with_primary(secret.ciphertext):
+                if crypto.encrypted_with_primary(row.ciphertext):
                     current += 1
                     continue
-                secret.ciphertext = crypto.rotate(secret.ciphertext)
-                secret.save(update_fields=["ciphertext"])
+                row.ciphertext = crypto.rotate(row.ciphertext)
+                row.save(update_fields=["ciphertext"])
                 rotated += 1
-    return {"rotated": rotated, "current": current}
+    return rotated, current

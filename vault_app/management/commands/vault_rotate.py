@@ -12,4 +12,5 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         counts = secrets_rotate()
         self.stdout.write(f"vault: {counts['rotated']} secret(s) re-encrypted with the first key, "
-                          f"{counts['current']} already under it")
+                          f"{counts['current']} already under it; {counts['retired_rotated']} retired value(s) "
+                          "(still redacted) re-encrypted")
