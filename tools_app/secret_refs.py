@@ -4,13 +4,14 @@ A tool argument (an ``http_request`` header or URL), a tool's command environmen
 server's headers name a secret as ``{{secret:NAME}}``. What is stored, hashed and shown is always
 that reference; the vault (``vault_app.resolve``) swaps in the value inside the executing task
 only, and everything the call produces goes through a ``Redactor`` before it is stored, which
-replaces the value (and its base64 and hex forms) by ``[secret:NAME]``.
+replaces the value (and its base64, base32, hex and URL-quoted forms, also wrapped or spaced) by
+``[secret:NAME]``.
 """
 
 import base64
 import binascii
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -58,38 +59,49 @@ def substitute(value: Any, secrets: Mapping[str, str]) -> Any:
     return value
 
 
-def _base64_cores(raw: bytes) -> set[str]:
-    """The base64 text that encodes ``raw`` wherever it sits in a larger encoded stream.
+def _cores(raw: bytes, encode: Callable[[bytes], bytes], group: int, chars: int) -> set[str]:
+    """The text that encodes ``raw`` wherever it sits in a larger encoded stream.
 
-    Encoded after 0, 1 or 2 other bytes, ``raw`` shifts against the 3-byte groups; the groups made
-    of its bytes only encode the same way whatever comes before or after, so these cores are found
-    in ``base64(x + raw + y)`` for any x and y (``echo $TOKEN | base64`` adds a newline).
+    An encoding works on groups of ``group`` bytes (base64: 3, base32: 5), each written as ``chars``
+    characters. Encoded after 0..group-1 other bytes, ``raw`` shifts against the groups; the groups
+    made of its bytes only encode the same way whatever comes before or after, so these cores are
+    found in ``encode(x + raw + y)`` for any x and y (``echo $TOKEN | base64`` adds a newline).
     """
     cores: set[str] = set()
-    for shift in range(3):
+    for shift in range(group):
         padded = b"\0" * shift + raw
-        first = (shift + 2) // 3  # the first group that holds none of the padding
-        last = len(padded) // 3  # groups [first, last) are whole and made of raw's bytes only
+        first = (shift + group - 1) // group  # the first group that holds none of the padding
+        last = len(padded) // group  # groups [first, last) are whole and made of raw's bytes only
         if last - first < 2:
             continue
-        for encode in (base64.b64encode, base64.urlsafe_b64encode):
-            text = encode(padded).decode()
-            cores.add(text[4 * first:4 * last])
+        cores.add(encode(padded).decode()[chars * first:chars * last])
     return cores
 
 
 def secret_forms(value: str) -> set[str]:
-    """Every form of ``value`` that is redacted: itself, URL-quoted, hex (either case), base64."""
+    """Every form of ``value`` that is redacted: itself, URL-quoted, hex (either case), base64
+    (standard and URL-safe) and base32, whole or inside a longer encoding."""
     raw = value.encode()
     forms = {value, quote(value, safe=""), binascii.hexlify(raw).decode(), binascii.hexlify(raw).decode().upper()}
     padded = base64.b64encode(raw).decode()
     forms |= {padded, padded.rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")}
-    forms |= _base64_cores(raw)
+    forms |= {base64.b32encode(raw).decode(), base64.b32encode(raw).decode().rstrip("=")}
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        forms |= _cores(raw, encode, 3, 4)
+    forms |= _cores(raw, base64.b32encode, 5, 8)
     return {form for form in forms if len(form) >= MIN_VALUE_CHARS}
 
 
 class Redactor:
-    """Replaces the secrets it was given, in any of their forms, by ``[secret:NAME]``."""
+    """Replaces the secrets it was given, in any of their forms, by ``[secret:NAME]``.
+
+    Two passes over a text: the forms as they are, then the forms with the whitespace around and
+    inside them ignored, which finds an encoding a tool wrapped or spaced (GNU ``base64`` and
+    ``base32`` wrap at 76 columns, ``xxd -p`` at 60, ``od -An -tx1`` spaces every byte; CRLF too).
+    Each form is looked up with ``str.find`` (C speed; one alternation regex of a few hundred forms
+    tried them one by one at every position, several times slower); overlapping matches are
+    replaced as one.
+    """
 
     def __init__(self, secrets: Mapping[str, str], *, retired: Iterable[tuple[str, str]] = ()) -> None:
         """``secrets``: name -> current value; ``retired``: (name, value) pairs a secret no longer
@@ -99,27 +111,55 @@ class Redactor:
             for form in secret_forms(value):
                 forms.setdefault(form, name)
         self._forms = forms
-        # Longest first: a value that contains another's form is replaced whole.
-        ordered = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(form) for form in ordered)) if ordered else None
+        self._needles = sorted(forms, key=len, reverse=True)
+        compact: dict[str, str] = {}
+        for form, name in forms.items():
+            squeezed = "".join(form.split())
+            if len(squeezed) >= MIN_VALUE_CHARS:
+                compact.setdefault(squeezed, name)
+        self._compact = compact
+        self._spread: dict[str, re.Pattern[str]] = {}
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self._forms)
 
     @property
     def names(self) -> list[str]:
         return sorted(set(self._forms.values()))
 
     def text(self, text: str) -> str:
-        if self._pattern is None or not text:
+        if not self._forms or not text:
             return text
-        return self._pattern.sub(lambda m: f"[secret:{self._forms[m.group(0)]}]", text)
+        spans = []
+        for needle in self._needles:
+            at = text.find(needle)
+            while at != -1:
+                spans.append((at, at + len(needle), self._forms[needle]))
+                at = text.find(needle, at + 1)
+        return self._spread_out(_replaced(text, spans))
+
+    def _spread_out(self, text: str) -> str:
+        """``text`` with the forms that whitespace splits redacted (the second pass)."""
+        squeezed = "".join(text.split())
+        if len(squeezed) == len(text):
+            return text  # no whitespace: the first pass saw everything
+        spans = []
+        for needle, name in self._compact.items():
+            if needle in squeezed:
+                spans += [(m.start(), m.end(), name) for m in self._spread_pattern(needle).finditer(text)]
+        return _replaced(text, spans)
+
+    def _spread_pattern(self, needle: str) -> re.Pattern[str]:
+        pattern = self._spread.get(needle)
+        if pattern is None:
+            pattern = self._spread[needle] = re.compile(r"\s*".join(re.escape(char) for char in needle))
+        return pattern
 
     def edges(self, text: str) -> str:
         """``text`` redacted, and also a secret cut at its start or end (a live-output batch that
         ends inside a value; the next batch starts with its rest)."""
         text = self.text(text)
-        if self._pattern is None:
+        if not self._forms:
             return text
         for form, name in self._forms.items():
             for size in range(min(len(form) - 1, len(text)), PARTIAL_MIN_CHARS - 1, -1):
@@ -134,7 +174,7 @@ class Redactor:
 
     def value(self, value: Any, *, edges: bool = False) -> Any:
         """A JSON-like value with every string (keys too) redacted."""
-        if self._pattern is None:
+        if not self._forms:
             return value
         if isinstance(value, str):
             return self.edges(value) if edges else self.text(value)
@@ -147,9 +187,27 @@ class Redactor:
     def data(self, raw: bytes) -> bytes:
         """Bytes (an artifact's content) redacted; bytes that are not UTF-8 are matched as Latin-1,
         which maps every byte to one character and back."""
-        if self._pattern is None:
+        if not self._forms:
             return raw
         try:
             return self.text(raw.decode("utf-8")).encode("utf-8")
         except UnicodeDecodeError:
             return self.text(raw.decode("latin-1")).encode("latin-1", "replace")
+
+
+def _replaced(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with each span (start, end, name) replaced by ``[secret:NAME]``; overlapping spans
+    become one (named after the first: a value that holds another's form is replaced whole)."""
+    if not spans:
+        return text
+    spans.sort(key=lambda span: (span[0], -span[1]))
+    out, done = [], 0
+    start, end, name = spans[0]
+    for s_start, s_end, s_name in spans[1:]:
+        if s_start < end:
+            end = max(end, s_end)
+            continue
+        out += [text[done:start], f"[secret:{name}]"]
+        done, (start, end, name) = end, (s_start, s_end, s_name)
+    out += [text[done:start], f"[secret:{name}]", text[end:]]
+    return "".join(out)

