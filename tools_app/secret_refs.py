@@ -11,6 +11,7 @@ replaces the value (and its base64, base32, hex and URL-quoted forms, also wrapp
 import base64
 import binascii
 import re
+import string
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -81,8 +82,18 @@ def _cores(raw: bytes, encode: Callable[[bytes], bytes], group: int, chars: int)
 def secret_forms(value: str) -> set[str]:
     """Every form of ``value`` that is redacted: itself, URL-quoted, hex (either case), base64
     (standard and URL-safe) and base32, whole or inside a longer encoding."""
+    return _plain_forms(value) | _encoded_forms(value)
+
+
+def _plain_forms(value: str) -> set[str]:
+    """The value as written (and URL-quoted): matched ignoring ASCII case."""
+    return {form for form in (value, quote(value, safe="")) if len(form) >= MIN_VALUE_CHARS}
+
+
+def _encoded_forms(value: str) -> set[str]:
+    """Its encodings: matched as they are (a case change makes another encoding)."""
     raw = value.encode()
-    forms = {value, quote(value, safe=""), binascii.hexlify(raw).decode(), binascii.hexlify(raw).decode().upper()}
+    forms = {binascii.hexlify(raw).decode(), binascii.hexlify(raw).decode().upper()}
     padded = base64.b64encode(raw).decode()
     forms |= {padded, padded.rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")}
     forms |= {base64.b32encode(raw).decode(), base64.b32encode(raw).decode().rstrip("=")}
@@ -100,42 +111,40 @@ class Redactor:
     ``base32`` wrap at 76 columns, ``xxd -p`` at 60, ``od -An -tx1`` spaces every byte; CRLF too).
     Each form is looked up with ``str.find`` (C speed; one alternation regex of a few hundred forms
     tried them one by one at every position, several times slower); overlapping matches are
-    replaced as one.
+    replaced as one. The value itself (and URL-quoted) is matched ignoring ASCII case: a tool may
+    change it (a URL's host is lower-cased by every parser and quoted so in errors), and redacting
+    a look-alike costs nothing. Its encodings are matched as they are (hex in both cases): a case
+    change makes another encoding, and looking for them in the folded text too cost 10-30 % more.
+    The old alternation regex with ``re.IGNORECASE`` took ~1.8 s on 1 MB with 20 secrets; this ~0.1 s.
     """
 
     def __init__(self, secrets: Mapping[str, str], *, retired: Iterable[tuple[str, str]] = ()) -> None:
         """``secrets``: name -> current value; ``retired``: (name, value) pairs a secret no longer
         has but that are still redacted (as ``[secret:NAME]``; a current value wins a clash)."""
-        forms: dict[str, str] = {}
+        exact: dict[str, str] = {}
+        caseless: dict[str, str] = {}  # folded form -> name
         for name, value in [*secrets.items(), *retired]:
-            for form in secret_forms(value):
-                forms.setdefault(form, name)
-        self._forms = forms
-        self._needles = sorted(forms, key=len, reverse=True)
-        compact: dict[str, str] = {}
-        for form, name in forms.items():
-            squeezed = "".join(form.split())
-            if len(squeezed) >= MIN_VALUE_CHARS:
-                compact.setdefault(squeezed, name)
-        self._compact = compact
+            for form in _plain_forms(value):
+                caseless.setdefault(_fold(form), name)
+            for form in _encoded_forms(value):
+                exact.setdefault(form, name)
+        # Longest first: of two forms found at one place, the longer names the span.
+        self._exact = dict(sorted(exact.items(), key=lambda item: -len(item[0])))
+        self._caseless = dict(sorted(caseless.items(), key=lambda item: -len(item[0])))
+        self._squeezed = [_squeezed(self._exact, folded=False), _squeezed(self._caseless, folded=True)]
         self._spread: dict[str, re.Pattern[str]] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._forms)
+        return bool(self._exact or self._caseless)
 
     @property
     def names(self) -> list[str]:
-        return sorted(set(self._forms.values()))
+        return sorted(set(self._exact.values()) | set(self._caseless.values()))
 
     def text(self, text: str) -> str:
-        if not self._forms or not text:
+        if not self or not text:
             return text
-        spans = []
-        for needle in self._needles:
-            at = text.find(needle)
-            while at != -1:
-                spans.append((at, at + len(needle), self._forms[needle]))
-                at = text.find(needle, at + 1)
+        spans = _found(text, self._exact) + _found(_fold(text), self._caseless)
         return self._spread_out(_replaced(text, spans))
 
     def _spread_out(self, text: str) -> str:
@@ -144,9 +153,12 @@ class Redactor:
         if len(squeezed) == len(text):
             return text  # no whitespace: the first pass saw everything
         spans = []
-        for needle, name in self._compact.items():
-            if needle in squeezed:
-                spans += [(m.start(), m.end(), name) for m in self._spread_pattern(needle).finditer(text)]
+        for haystack, needles, folded in ((squeezed, self._squeezed[0], False),
+                                          (_fold(squeezed), self._squeezed[1], True)):
+            for needle, name in needles.items():
+                if needle in haystack:
+                    within = _fold(text) if folded else text
+                    spans += [(m.start(), m.end(), name) for m in self._spread_pattern(needle).finditer(within)]
         return _replaced(text, spans)
 
     def _spread_pattern(self, needle: str) -> re.Pattern[str]:
@@ -159,22 +171,23 @@ class Redactor:
         """``text`` redacted, and also a secret cut at its start or end (a live-output batch that
         ends inside a value; the next batch starts with its rest)."""
         text = self.text(text)
-        if not self._forms:
-            return text
-        for form, name in self._forms.items():
+        forms = [(form, name, False) for form, name in self._exact.items()]
+        for form, name, folded in forms + [(form, name, True) for form, name in self._caseless.items()]:
             for size in range(min(len(form) - 1, len(text)), PARTIAL_MIN_CHARS - 1, -1):
-                if text.endswith(form[:size]):
+                end = text[-size:]
+                if (_fold(end) if folded else end) == form[:size]:
                     text = text[:-size] + f"[secret:{name}]"
                     break
             for size in range(min(len(form) - 1, len(text)), PARTIAL_MIN_CHARS - 1, -1):
-                if text.startswith(form[-size:]):
+                start = text[:size]
+                if (_fold(start) if folded else start) == form[-size:]:
                     text = f"[secret:{name}]" + text[size:]
                     break
         return text
 
     def value(self, value: Any, *, edges: bool = False) -> Any:
         """A JSON-like value with every string (keys too) redacted."""
-        if not self._forms:
+        if not self:
             return value
         if isinstance(value, str):
             return self.edges(value) if edges else self.text(value)
@@ -187,12 +200,42 @@ class Redactor:
     def data(self, raw: bytes) -> bytes:
         """Bytes (an artifact's content) redacted; bytes that are not UTF-8 are matched as Latin-1,
         which maps every byte to one character and back."""
-        if not self._forms:
+        if not self:
             return raw
         try:
             return self.text(raw.decode("utf-8")).encode("utf-8")
         except UnicodeDecodeError:
             return self.text(raw.decode("latin-1")).encode("latin-1", "replace")
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _fold(text: str) -> str:
+    """``text`` with ASCII letters lower-cased and nothing else changed, so that an index into it is
+    an index into ``text`` (``str.lower`` may change the length of some non-ASCII text)."""
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
+
+
+def _found(haystack: str, needles: Mapping[str, str]) -> list[tuple[int, int, str]]:
+    """(start, end, name) of every occurrence of every needle (overlapping ones too)."""
+    spans = []
+    for needle, name in needles.items():
+        at = haystack.find(needle)
+        while at != -1:
+            spans.append((at, at + len(needle), name))
+            at = haystack.find(needle, at + 1)
+    return spans
+
+
+def _squeezed(forms: Mapping[str, str], *, folded: bool) -> dict[str, str]:
+    """The forms without their whitespace (a value may hold spaces), for the second pass."""
+    squeezed: dict[str, str] = {}
+    for form, name in forms.items():
+        bare = "".join(form.split())
+        if len(bare) >= MIN_VALUE_CHARS:
+            squeezed.setdefault(_fold(bare) if folded else bare, name)
+    return squeezed
 
 
 def _replaced(text: str, spans: list[tuple[int, int, str]]) -> str:

@@ -5,6 +5,7 @@ live-output batch."""
 import base64
 import subprocess
 
+from tools_app.builtin import execute_tool
 from tools_app.sandbox import SandboxPolicy, run_sandboxed, sandbox_status, workspace_for
 from tools_app.secret_refs import Redactor, references_in, substitute
 
@@ -74,3 +75,22 @@ def test_redactor_catches_encodings_a_command_wraps_or_spaces() -> None:
         left = "".join(redacted.split())
         leaked = [window for encoding in encodings for window in _windows(encoding) if window in left]
         assert "[secret:api]" in redacted and not leaked, (command, result.stdout, redacted)
+
+
+def test_redactor_ignores_the_case_of_the_value(settings) -> None:  # type: ignore[no-untyped-def]
+    """http_request lower-cases a URL's host and quotes it in its refusal; a command may change the
+    case too (tr): the value is redacted whatever its case."""
+    settings.AGENTOPS_HTTP_ALLOWED_HOSTS = ["status.example.com"]
+    value = "Rotated_NewValue_AAAA1111bbbb"
+    redactor = Redactor({"api_key": value})
+    result = execute_tool(name="http_request", workspace=workspace_for("redact-case"), network="host",
+                          arguments={"url": f"http://{value}.invalid/c"}).to_dict()
+    assert result["error_code"] == "denied" and value.lower() in result["error_message"], result
+    redacted = redactor.value(result)
+    assert value.lower() not in str(redacted).lower(), redacted
+    assert "host '[secret:api_key].invalid' is not in AGENTOPS_HTTP_ALLOWED_HOSTS" in redacted["error_message"]
+    for command in ('printf %s "$TOKEN" | tr A-Z a-z', 'printf %s "$TOKEN" | tr a-z A-Z'):
+        out = run_sandboxed(workspace=workspace_for("redact-case"), command=command,
+                            policy=SandboxPolicy(timeout_seconds=20), env={"TOKEN": value}).stdout
+        assert out.lower() == value.lower() and redactor.text(out) == "[secret:api_key]", (command, out)
+    assert redactor.edges(f"token={value.upper()[:9]}") == "token=[secret:api_key]"  # a live batch's edge
