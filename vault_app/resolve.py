@@ -22,6 +22,7 @@ import fnmatch
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -163,12 +164,17 @@ def text_resolve(text: str, *, team_id: int, consumer: str) -> str:
         raise SecretUnavailable(exc.message, code=exc.code, details=exc.details) from exc
 
 
-def call_secret_inputs(*, tool_name: str, arguments: Any, env: dict[str, str],
-                       fields: tuple[str, ...]) -> dict[str, Any]:
+def call_secret_inputs(*, tool_name: str, arguments: Any, env: dict[str, str], fields: tuple[str, ...],
+                       refusal: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
     """What of a call may reference secrets: the argument ``fields`` the tool allows (e.g.
     http_request's url and headers) and its command environment. SecretRefused
-    (``secret_not_allowed_here``) for a reference anywhere else in the arguments."""
+    (``secret_not_allowed_here``) for a reference anywhere else in the arguments, or where the
+    tool's ``refusal`` finds one it refuses inside those fields (http_request: a URL's host)."""
     arguments = arguments if isinstance(arguments, dict) else {}
+    reason = refusal(arguments) if refusal is not None else ""
+    if reason:
+        raise SecretRefused(reason, code="secret_not_allowed_here",
+                            details={"secrets": references_in(arguments), "tool": tool_name})
     elsewhere = references_in({key: value for key, value in arguments.items() if key not in fields})
     if elsewhere:
         where = ", ".join(fields) if fields else "none of its arguments"

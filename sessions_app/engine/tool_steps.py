@@ -57,6 +57,7 @@ from tools_app.binding import run_spec, spec_differences, spec_sha256, with_argu
 from tools_app.builtin import (
     BUILTIN_TOOLS,
     SECRET_ARGUMENT_FIELDS,
+    SECRET_ARGUMENT_REFUSALS,
     execute_tool,
     validate_arguments,
     write_file_preview,
@@ -366,7 +367,8 @@ def secret_inputs(tool: ToolDefinition | None, arguments: Any) -> dict[str, Any]
     """What of a call may reference secrets (SecretRefused for a reference elsewhere)."""
     return call_secret_inputs(tool_name=tool.name if tool else "", arguments=arguments,
                               env=dict(tool.env or {}) if tool is not None else {},
-                              fields=SECRET_ARGUMENT_FIELDS.get(tool.name, ()) if tool is not None else ())
+                              fields=SECRET_ARGUMENT_FIELDS.get(tool.name, ()) if tool is not None else (),
+                              refusal=SECRET_ARGUMENT_REFUSALS.get(tool.name) if tool is not None else None)
 
 
 def live_output(step: Step, redactor: Redactor | None = None) -> OutputBatcher:

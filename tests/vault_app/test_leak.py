@@ -32,6 +32,7 @@ from sessions_app.models import AgentProfile, Artifact, Step
 from tests import factories
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.mcp_app.conftest import FIXTURE, HERE, fixture_dirs, http_server_process  # noqa: F401 - fixtures
+from tests.waiting import wait_for
 from tools_app.models import ApprovalMode, ToolDefinition
 from tools_app.selectors import tool_definitions_cache_clear
 from vault_app.models import Secret
@@ -303,3 +304,32 @@ def test_secret_not_allowed_unknown_or_expired_is_refused_and_nothing_runs(
     assert not ApprovalRequest.objects.filter(session=session).exists()  # nobody was asked: nothing to approve
     assert seen == []  # nothing reached the API
     assert not Artifact.objects.filter(session=session).exists()  # and no command ran
+
+
+def test_secret_in_the_url_host_is_refused_before_a_reviewer_is_asked(
+        vault_world: tuple[User, User, User], engine_agent: AgentProfile) -> None:
+    """A reference in an http_request URL's host or port would become the host: resolved in DNS,
+    sent in the clear (SNI, Host) and quoted lower-cased in errors. Refused like a reference in a
+    field that may hold none; one in the path or query still goes to the reviewer."""
+    _admin, operator, _reviewer = vault_world
+    session, turn = session_start(agent=engine_agent, owner=operator, input=script(
+        tool("http_request", url="http://{{secret:status_token}}.invalid/c"),
+        tool("http_request", url="http://127.0.0.1:{{secret:status_token}}/status"),
+        tool("http_request", url="http://127.0.0.1:9/status?token={{secret:status_token}}"),
+        "Asked."))
+    assert turn is not None
+
+    def asking() -> list[Step] | None:  # the turn stops at the first call that goes to a reviewer
+        if not ApprovalRequest.objects.filter(session=session, status="pending").exists():
+            return None
+        return list(Step.objects.filter(turn=turn, kind="tool").order_by("index"))
+
+    steps = wait_for(asking, 60, "a call to go to a reviewer")
+    print("\n", [(s.error_code, s.error_message) for s in steps])
+    assert [s.error_code for s in steps] == ["secret_not_allowed_here"] * 2 + [""]
+    assert steps[0].error_message == steps[1].error_message == (
+        "http_request may reference secrets in the URL's path or query and in headers, not in its scheme or host "
+        "({{secret:status_token}}): a host is looked up in DNS, sent in the clear and shown in errors. The call "
+        "did not run.")
+    (pending,) = ApprovalRequest.objects.filter(session=session, status="pending")
+    assert pending.arguments["url"].endswith("?token={{secret:status_token}}")

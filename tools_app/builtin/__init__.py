@@ -29,7 +29,13 @@ from .files import (
     write_file,
     write_file_preview,
 )
-from .network import HTTP_REQUEST_SCHEMA, SEND_EMAIL_SCHEMA, http_request, send_email
+from .network import (
+    HTTP_REQUEST_SCHEMA,
+    SEND_EMAIL_SCHEMA,
+    http_request,
+    http_request_secret_refusal,
+    send_email,
+)
 from .registry import (
     MAX_ARGUMENTS_BYTES,
     BuiltinTool,
@@ -82,6 +88,9 @@ BUILTIN_TOOLS: dict[str, BuiltinTool] = {tool.name: tool for tool in (
 # time). Anywhere else (a command line, a file's content, an email body) a reference is refused:
 # it would put the value where every process on the host or every reader of the file sees it.
 SECRET_ARGUMENT_FIELDS: dict[str, tuple[str, ...]] = {"http_request": ("url", "headers")}
+# And where inside those fields they are refused: the reason, or "" (a URL's scheme and host).
+SECRET_ARGUMENT_REFUSALS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "http_request": http_request_secret_refusal}
 
 
 def _parse_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str]:
@@ -167,6 +176,7 @@ def _execute(*, name: str, workspace: Path, arguments: dict[str, Any] | str, tim
 __all__ = [
     "BUILTIN_TOOLS",
     "SECRET_ARGUMENT_FIELDS",
+    "SECRET_ARGUMENT_REFUSALS",
     "BuiltinTool",
     "ToolResult",
     "execute_tool",

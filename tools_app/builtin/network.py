@@ -12,6 +12,7 @@ from django.conf import settings
 
 from agentops.deadline import Deadline, send_within
 from tools_app.outbox import outbox_send
+from tools_app.secret_refs import references_in
 
 from .registry import ToolContext, ToolError, ToolResult, cap_text
 
@@ -56,6 +57,26 @@ HTTP_REQUEST_SCHEMA: dict[str, Any] = {
     "required": ["url"],
     "additionalProperties": False,
 }
+
+
+# A URL up to its path: scheme, "//" and authority (or whatever stands there before a "/", "?", "#").
+_URL_HEAD = re.compile(r"[^/?#]*(?://[^/?#]*)?")
+
+
+def http_request_secret_refusal(arguments: dict[str, Any]) -> str:
+    """Why the call's ``{{secret:NAME}}`` references may not stand where they do ("" if they may):
+    one in the URL's scheme or host would become the host, which is checked, resolved (DNS), sent
+    in the clear (SNI, Host) and quoted in errors lower-cased. The path, query and headers may."""
+    url = arguments.get("url")
+    if not isinstance(url, str):
+        return ""
+    head = _URL_HEAD.match(url)
+    names = references_in(head.group(0) if head else url)
+    if not names:
+        return ""
+    return (f"http_request may reference secrets in the URL's path or query and in headers, not in its scheme or "
+            f"host ({{{{secret:{names[0]}}}}}): a host is looked up in DNS, sent in the clear and shown in errors. "
+            "The call did not run.")
 
 
 def _host_allowed(host: str, allowed: list[str]) -> bool:
