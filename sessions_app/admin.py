@@ -17,7 +17,7 @@ class AgentProfileForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         """Another team's MCP tools are not offered to this agent: every call of one was refused at
         run time, naming the other team's server (an audit attached them through the admin)."""
-        cleaned = super().clean()
+        cleaned: dict[str, Any] = super().clean() or self.cleaned_data
         team, tools = cleaned.get("team"), cleaned.get("tools")
         if team is not None and tools is not None:
             foreign = sorted(t.name for t in tools.select_related("mcp_tool__server")

@@ -185,6 +185,48 @@ class Redactor:
                     break
         return text
 
+    def unsafe_tail(self, text: str) -> int:
+        """How many characters at the end of ``text`` could be the start of a secret's form that
+        more of the stream completes (whitespace inside it ignored, as the second pass does). Live
+        output holds them back until it knows: a command printing a value four characters a second
+        sent it in pieces, one batch each, and no piece was a form (a secrets audit). A cut never
+        falls inside a whole form either (a value's last letter may begin another form)."""
+        held = self._prefix_tail(text)
+        if not held:
+            return 0
+        cut = len(text) - held
+        for start, end, _ in _found(text, self._exact) + _found(_fold(text), self._caseless):
+            if start < cut < end:
+                return self._prefix_tail(text[end:]) if end < len(text) else 0
+        return held
+
+    def _prefix_tail(self, text: str) -> int:
+        if not self or not text:
+            return 0
+        tail: list[str] = []  # the last non-whitespace characters, newest first, with their positions
+        at = len(text)
+        widest = max(len(needle) for needles in self._squeezed for needle in needles) if any(self._squeezed) else 0
+        while at > 0 and len(tail) < widest:
+            at -= 1
+            if not text[at].isspace():
+                tail.append(text[at])
+        if not tail:
+            return 0
+        positions = [i for i in range(len(text) - 1, at - 1, -1) if not text[i].isspace()]
+        squeezed = "".join(reversed(tail))
+        longest = 0
+        for needles, folded in ((self._squeezed[0], False), (self._squeezed[1], True)):
+            haystack = _fold(squeezed) if folded else squeezed
+            last = haystack[-1]
+            for needle in needles:
+                k = needle.rfind(last, 0, min(len(needle) - 1, len(haystack)))
+                while k >= longest:
+                    if haystack.endswith(needle[:k + 1]):
+                        longest = k + 1
+                        break
+                    k = needle.rfind(last, 0, k)
+        return len(text) - positions[longest - 1] if longest else 0
+
     def value(self, value: Any, *, edges: bool = False) -> Any:
         """A JSON-like value with every string (keys too) redacted."""
         if not self:

@@ -383,7 +383,8 @@ def live_output(step: Step, redactor: Redactor | None = None) -> OutputBatcher:
 
     return OutputBatcher(record, interval=settings.AGENTOPS_PROGRESS_INTERVAL_SECONDS,
                          max_bytes=settings.AGENTOPS_PROGRESS_MAX_BYTES,
-                         max_batches=settings.AGENTOPS_PROGRESS_MAX_EVENTS)
+                         max_batches=settings.AGENTOPS_PROGRESS_MAX_EVENTS,
+                         hold=redactor.unsafe_tail if redactor else None)
 
 
 def failpoint_after_tool(tool_name: str) -> None:

@@ -94,3 +94,28 @@ def test_redactor_ignores_the_case_of_the_value(settings) -> None:  # type: igno
                             policy=SandboxPolicy(timeout_seconds=20), env={"TOKEN": value}).stdout
         assert out.lower() == value.lower() and redactor.text(out) == "[secret:api_key]", (command, out)
     assert redactor.edges(f"token={value.upper()[:9]}") == "token=[secret:api_key]"  # a live batch's edge
+
+
+def test_live_output_never_sends_a_slowly_printed_value_in_pieces() -> None:
+    """A secrets audit: a command printing the value four characters at a time, with sleeps, gave
+    tool.progress batches "Rota", "ted_", "NewV"… that spelled it (each batch redacted on its own,
+    no piece a form). The batcher holds back a tail that may begin a secret until it knows."""
+    from tools_app.sandbox import OutputBatcher
+
+    value = "Rotated_NewValue_AAAA1111bbbb"
+    redactor = Redactor({"api_key": value})
+    batches: list[dict[str, object]] = []
+    live = OutputBatcher(lambda batch: batches.append(redactor.value(batch, edges=True)), interval=0.05,
+                         max_bytes=1_000_000, max_batches=1000, hold=redactor.unsafe_tail)
+    command = ('v="$TOKEN"; echo start; for i in 0 4 8 12 16 20 24 28; do printf %s "${v:$i:4}"; sleep 0.15; done; '
+               'echo; echo R; sleep 0.3; echo done')
+    result = run_sandboxed(workspace=workspace_for("redact-live"), command=f"bash -c '{command}'",
+                           policy=SandboxPolicy(timeout_seconds=20), env={"TOKEN": value}, live=live)
+    assert result.exit_code == 0, result
+    sent = [str(batch.get("stdout", "")) for batch in batches]
+    assert len(sent) >= 3, sent  # it was live: several batches
+    joined = "".join(sent)
+    assert "start" in joined and "[secret:api_key]" in joined and "done" in joined, sent
+    pieces = [value[i:i + 4] for i in range(0, len(value), 4)]
+    assert not [piece for piece in pieces if any(piece in batch for batch in sent)], sent
+    assert "\nR\n" in joined  # a held "R" (a value's first letter) goes out once the next line shows it is not one

@@ -57,8 +57,11 @@ class OutputBatcher:
     """Feeds on a command's output chunks; calls ``sink`` with batches, rate-limited and capped."""
 
     def __init__(self, sink: Sink, *, interval: float, max_bytes: int, max_batches: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hold: Callable[[str], int] | None = None) -> None:
+        """``hold(text)``: how many characters at the end of a stream's text to keep for the next
+        batch (the redactor's ``unsafe_tail``: they may begin a secret the next output completes)."""
         self.sink, self.interval, self.max_bytes, self.max_batches = sink, interval, max_bytes, max_batches
+        self.hold = hold
         self.clock = clock
         self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
         self._pending = {"stdout": "", "stderr": ""}
@@ -122,6 +125,10 @@ class OutputBatcher:
         for name in ("stdout", "stderr"):
             text, carry = self._split_carry(self._pending[name], final) if name == "stdout" else (
                 self._pending[name], "")
+            if self.hold is not None and not final and text:
+                held = self.hold(text)
+                if held:
+                    text, carry = text[:-held], text[-held:] + carry
             self._pending[name] = carry
             if not text or self.truncated:
                 continue
