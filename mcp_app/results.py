@@ -7,28 +7,57 @@ import binascii
 import json
 import mimetypes
 import os
+import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 from mcp import types
 
 from tools_app.builtin import ToolResult, cap_text
-from tools_app.sandbox import sandbox_ids
+from tools_app.sandbox import PathDenied, open_beneath, sandbox_ids
+from tools_app.sandbox.workspace import resolve_in_workspace
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 IMAGE_DIR = "outputs/mcp"
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def image_name(server: str, tool: str, step_id: str, index: int, ext: str) -> str:
+    """A file name for the server's image: the remote tool name is the server's to choose (``/``,
+    ``..``), so only ``[A-Za-z0-9_-]`` of it is kept: the file lands in ``outputs/mcp`` and nowhere else."""
+    stem = "-".join(_UNSAFE_NAME.sub("_", part)[:64] for part in (server, tool, step_id[:8], str(index)))
+    return stem + ext
 
 
 def _write_image(workspace: Path, name: str, data: bytes) -> str:
-    folder = workspace / IMAGE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / name
-    target.write_bytes(data)
-    if os.geteuid() == 0:  # the sandbox uid owns the workspace; a later command may need the file
-        uid, gid = sandbox_ids()
-        for path in (workspace / "outputs", folder, target):
-            os.chown(path, uid, gid)
-    return f"{IMAGE_DIR}/{name}"
+    """Write ``data`` as a new file ``outputs/mcp/<name>`` in the workspace; returns its relative path.
+
+    The worker runs as root and the workspace is the sandbox's, where a server (kept running beside
+    the call) may plant a symlink at ``outputs`` or ``outputs/mcp``: followed, the write and the
+    chown would land on any host directory. So a path that goes through a symlink is refused
+    (PathDenied), and the write walks directory fds with ``O_NOFOLLOW`` (``open_beneath``: a
+    symlink swapped in after the check fails the open), creating the file with ``O_EXCL``. Only
+    what was created here is given to the sandbox uid (a later command may need the file).
+    """
+    rel = f"{IMAGE_DIR}/{name}"
+    if resolve_in_workspace(workspace, rel) != rel:
+        raise PathDenied(f"{IMAGE_DIR} goes through a symlink")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = open_beneath(workspace, rel, flags, 0o644, create_parents=True)
+    except FileExistsError:  # a retried step wrote its image already: a new name, never an overwrite
+        stem, ext = os.path.splitext(name)
+        rel = f"{IMAGE_DIR}/{stem}-{uuid.uuid4().hex[:8]}{ext}"
+        fd = open_beneath(workspace, rel, flags, 0o644, create_parents=True)
+    try:
+        os.fchown(fd, *sandbox_ids())
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return rel
 
 
 def tool_result_from_mcp(result: types.CallToolResult, *, server: str, tool: str, workspace: Path,
@@ -48,7 +77,11 @@ def tool_result_from_mcp(result: types.CallToolResult, *, server: str, tool: str
                 texts.append(f"[image {index}: {len(raw)} bytes, over the {MAX_IMAGE_BYTES}-byte cap; dropped]")
                 continue
             ext = mimetypes.guess_extension(item.mimeType or "") or ".bin"
-            rel = _write_image(workspace, f"{server}-{tool}-{step_id[:8]}-{index}{ext}", raw)
+            try:
+                rel = _write_image(workspace, image_name(server, tool, step_id, index, ext), raw)
+            except (PathDenied, OSError) as exc:  # ENOTDIR, ELOOP: a symlink swapped in meanwhile
+                texts.append(f"[image {index}: not written to the workspace (refused: {exc}); dropped]")
+                continue
             published.append({"path": rel})
             texts.append(f"[image {index}: {item.mimeType}, {len(raw)} bytes, published as {rel}]")
         elif isinstance(item, types.EmbeddedResource):
@@ -71,3 +104,4 @@ def tool_result_from_mcp(result: types.CallToolResult, *, server: str, tool: str
                           error_code="mcp_tool_error", error_message=cap_text(output, 2000),
                           published_files=published, data=data)
     return ToolResult(status="completed", output=cap_text(output), published_files=published, data=data)
+

@@ -1,0 +1,77 @@
+"""What a hostile stdio MCP server (``hostile_server.py``, run in the real sandbox) can make the
+worker do: nothing outside the session's workspace."""
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_app.models import McpServer
+from mcp_app.runner import mcp_tool_run
+from mcp_app.services import mcp_server_refresh
+from tests import factories
+from tests.mcp_app.conftest import HERE
+from tools_app.builtin import ToolResult
+from tools_app.runners import ToolRun
+from tools_app.sandbox import sandbox_ids, workspace_for
+
+HOSTILE = HERE / "hostile_server.py"
+
+
+def hostile(name: str, **env: str) -> McpServer:
+    server = McpServer.objects.create(team=factories.team(), name=name, transport=McpServer.Transport.STDIO,
+                                      command=["python3", str(HOSTILE)], mounts=[str(HERE)], env=env,
+                                      timeout_seconds=20)
+    report = mcp_server_refresh(server_id=server.id)
+    assert report.error == "" and report.created, report
+    return server
+
+
+def call(server: McpServer, tool: str, **arguments: Any) -> tuple[ToolResult, Path]:
+    """One call in a fresh session's real workspace (owned by the sandbox uid, 0700)."""
+    session_id = str(uuid.uuid4())
+    workspace = workspace_for(session_id)
+    result = mcp_tool_run(ToolRun(tool_name=f"{server.name}__{tool}", arguments=arguments, workspace=workspace,
+                                  timeout_seconds=20, network="none", team_id=server.team_id,
+                                  session_id=session_id, step_id="0123456789", idempotency_key="k"))
+    return result, workspace
+
+
+@pytest.mark.django_db
+def test_mcp_image_result_never_writes_through_a_planted_symlink(real_sandbox: None, tmp_path: Path) -> None:
+    """The server makes /workspace/outputs a symlink to a host directory, then returns an image:
+    the root worker wrote the image there and chowned the directory to the sandbox uid."""
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    before = victim.stat()
+    server = hostile("evil")
+    result, workspace = call(server, "picture", link_to=str(victim))
+    assert list(victim.iterdir()) == []
+    after = victim.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    assert result.status == "completed", result.output
+    assert "[image 1: not written to the workspace (refused:" in result.output, result.output
+    assert result.published_files == []
+    assert os.readlink(workspace / "outputs") == str(victim)  # left as the server made it
+    # Without a symlink the image is written and published, owned by the sandbox uid.
+    result, workspace = call(server, "picture")
+    assert result.status == "completed", result.output
+    (published,) = result.published_files
+    image = workspace / published["path"]
+    assert published["path"] == "outputs/mcp/evil-picture-01234567-1.png"
+    assert image.read_bytes().startswith(b"\x89PNG")
+    for path in (image, image.parent, image.parent.parent):
+        assert (path.lstat().st_uid, path.lstat().st_gid) == sandbox_ids()
+
+
+@pytest.mark.django_db
+def test_mcp_image_file_name_keeps_the_remote_tool_name_inside_outputs_mcp(real_sandbox: None) -> None:
+    """The remote tool name is the server's: '/' and '..' in it must not place the file elsewhere."""
+    server = hostile("evil", HOSTILE_PICTURE_NAME="x/../../../picture")
+    result, workspace = call(server, "x__________picture")  # how the model calls it
+    assert result.status == "completed", result.output
+    (published,) = result.published_files
+    assert published["path"] == "outputs/mcp/evil-x__________picture-01234567-1.png"
+    assert sorted(p.name for p in (workspace / "outputs" / "mcp").iterdir()) == [Path(published["path"]).name]
