@@ -9,6 +9,14 @@ Inside, the worker's Python packages are visible read-only at ``SITE_MOUNT`` (``
 server written with the ``mcp`` SDK runs under the system ``python3``; they hold code, no secrets.
 A line on stdout that is not JSON-RPC ends the connection and is reported as a malformed reply.
 
+The server holds secrets the agent must not see (its env), and the workspace is the agent's: no
+code or configuration the agent can write may run in it. So its HOME and working directory are
+``SERVER_HOME`` on the sandbox's private /tmp (a workspace as HOME put Python's user site, with
+its ``usercustomize.py`` and ``.pth`` files, and npm's ``~/.npmrc`` there; as the working directory,
+``.npmrc``, ``node_modules/.bin`` and other project files), Python's user site is off
+(``PYTHONNOUSERSITE``) and ``PYTHONSAFEPATH`` keeps the working directory off ``sys.path`` for
+``-c``/``-m``. The workspace stays at /workspace (read-write) for servers that work on its files.
+
 Host directories (site-packages, the server's ``mounts``) under a directory the sandbox uid
 cannot traverse (a checkout under a 0700 home): bwrap, already the sandbox uid, cannot open them
 (and ``--ro-bind-fd`` of a root-opened fd is refused inside its user namespace). A root worker
@@ -50,6 +58,11 @@ from tools_app.sandbox.seccomp import seccomp_fd
 from tools_app.sandbox.workspace import workspace_root
 
 SITE_MOUNT = "/opt/agentops/site-packages"
+# The server's HOME and working directory: on its sandbox's own /tmp tmpfs, never in the workspace.
+SERVER_HOME = "/tmp/home"
+# Set after SANDBOX_ENV (bwrap applies --setenv in order); the server's own env comes after these.
+SERVER_ENV = {"HOME": SERVER_HOME, "PYTHONPATH": SITE_MOUNT, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+              "PYTHONDONTWRITEBYTECODE": "1"}
 STDERR_KEEP = 4000
 UNSHARE = "/usr/bin/unshare"
 # A long-lived server's CPU budget (RLIMIT_CPU, for its whole life; past it the kernel ends it and
@@ -141,8 +154,9 @@ def _sandbox_argv(bwrap: str, *, argv: list[str], workspace: Path, mounts: list[
                   *(source for source, _ in binds), "--"]
         binds = [(f"{stage}/{i}", target) for i, (_, target) in enumerate(binds)]
     # bwrap_args ends with /bin/sh -c COMMAND: the server's binds and environment go before it.
-    extra = ["--setenv", "PYTHONPATH", SITE_MOUNT, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-             "--ro-bind-data", str(fds["env"]), ENV_FILE]
+    extra = ["--dir", SERVER_HOME, "--chdir", SERVER_HOME, "--ro-bind-data", str(fds["env"]), ENV_FILE]
+    for key, value in SERVER_ENV.items():
+        extra += ["--setenv", key, value]
     for source, target in binds:
         extra += ["--ro-bind", source, target]
     return prefix + launcher_args(policy, cgroup, has_parent) + drop_privileges_args() + args[:-3] + extra + args[-3:]
@@ -164,7 +178,7 @@ async def sandboxed_stdio(*, argv: list[str], workspace: Path, mounts: list[str]
     status_read, status_write = os.pipe()
     process: anyio.abc.Process | None = None
     try:
-        passwd, group = passwd_data()
+        passwd, group = passwd_data(home=SERVER_HOME)
         fds = {"passwd": data_fd(passwd), "group": data_fd(group), "seccomp": seccomp_fd(), "status": status_write,
                "env": data_fd(script)}
         try:

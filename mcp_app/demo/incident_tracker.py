@@ -1,7 +1,7 @@
 """A small incident tracker served over MCP (stdio) for the incident-responder demo.
 
-Run by agentops inside the sandbox, one process per call, with the session's workspace as the
-working directory: the tickets live in ``.incident_tracker.json`` there (seeded on first use), so
+Run by agentops inside the sandbox (a kept process per session), with the session's workspace at
+/workspace: the tickets live in ``/workspace/.incident_tracker.json`` (seeded on first use), so
 each demo session has its own tracker. Standalone on purpose: it needs only the ``mcp`` package.
 
 Tools: ``list_tickets`` (read-only), ``open_ticket`` and ``comment_ticket`` (both change the
@@ -16,7 +16,7 @@ from typing import Any
 from mcp.server.fastmcp import FastMCP
 from mcp.types import ToolAnnotations
 
-STORE = Path(os.environ.get("INCIDENT_TRACKER_FILE", ".incident_tracker.json"))
+STORE = Path(os.environ.get("INCIDENT_TRACKER_FILE", "/workspace/.incident_tracker.json"))
 SEED = [
     {"id": "INC-101", "title": "PaymentsQueueBacklog firing", "status": "open", "severity": "sev2",
      "comments": ["Alert fired at 10:01:58Z: queue_depth=1804 > 1000 for 60s."]},

@@ -6,8 +6,8 @@ cancellation), ``__malformed__`` writes a line that is not JSON-RPC, ``__crash__
 process after its effect. The flag file ``schema_v2`` in ``MCP_FIXTURE_FLAGS`` (read at start-up:
 a kept stdio server sees it once restarted) makes ``note`` gain a ``priority``. ``whoami`` names
 the process (``boot``: random at start-up), so a test can tell a kept process from a new one.
-``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: the working directory,
-/workspace under the sandbox): the effect the exactly-once tests count.
+``note`` appends to ``notes.log`` in ``MCP_FIXTURE_NOTES`` (default: /workspace, the session's
+workspace in the sandbox): the effect the exactly-once tests count.
 """
 
 import base64
@@ -24,7 +24,7 @@ from mcp.types import ImageContent, TextContent, ToolAnnotations
 
 BOOT = uuid.uuid4().hex
 FLAGS = Path(os.environ.get("MCP_FIXTURE_FLAGS", "."))
-NOTES = Path(os.environ.get("MCP_FIXTURE_NOTES", "."))
+NOTES = Path(os.environ.get("MCP_FIXTURE_NOTES", "/workspace"))
 # A 1×1 PNG.
 PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGA"
                          "hKmMIQAAAABJRU5ErkJggg==")
@@ -48,8 +48,8 @@ def whoami(ctx: Context) -> dict[str, Any]:
     the Authorization header it was sent (a careless server that echoes its credentials)."""
     request = getattr(ctx.request_context, "request", None)
     auth = request.headers.get("authorization", "") if request is not None else ""
-    return {"cwd": os.getcwd(), "token": os.environ.get("FIXTURE_TOKEN", ""), "uid": os.getuid(), "boot": BOOT,
-            "auth": auth}
+    return {"cwd": os.getcwd(), "home": os.environ.get("HOME", ""), "token": os.environ.get("FIXTURE_TOKEN", ""),
+            "uid": os.getuid(), "boot": BOOT, "auth": auth}
 
 
 @server.tool()

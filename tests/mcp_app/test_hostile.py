@@ -2,6 +2,7 @@
 worker do: nothing outside the session's workspace."""
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,9 @@ def hostile(name: str, **env: str) -> McpServer:
     return server
 
 
-def call(server: McpServer, tool: str, **arguments: Any) -> tuple[ToolResult, Path]:
-    """One call in a fresh session's real workspace (owned by the sandbox uid, 0700)."""
-    session_id = str(uuid.uuid4())
+def call(server: McpServer, tool: str, session_id: str = "", **arguments: Any) -> tuple[ToolResult, Path]:
+    """One call in the session's real workspace (owned by the sandbox uid, 0700; a new session by default)."""
+    session_id = session_id or str(uuid.uuid4())
     workspace = workspace_for(session_id)
     result = mcp_tool_run(ToolRun(tool_name=f"{server.name}__{tool}", arguments=arguments, workspace=workspace,
                                   timeout_seconds=20, network="none", team_id=server.team_id,
@@ -75,3 +76,44 @@ def test_mcp_image_file_name_keeps_the_remote_tool_name_inside_outputs_mcp(real_
     (published,) = result.published_files
     assert published["path"] == "outputs/mcp/evil-x__________picture-01234567-1.png"
     assert sorted(p.name for p in (workspace / "outputs" / "mcp").iterdir()) == [Path(published["path"]).name]
+
+
+def _plant(workspace: Path, rel: str, text: str) -> None:
+    """What an approved run_command can leave in the workspace (files of the sandbox uid)."""
+    uid, gid = sandbox_ids()
+    path = workspace
+    for part in Path(rel).parts[:-1]:
+        path = path / part
+        path.mkdir(exist_ok=True)
+        os.chown(path, uid, gid)
+    (path / Path(rel).name).write_text(text)
+    os.chown(path / Path(rel).name, uid, gid)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["script", "-c"])
+def test_mcp_stdio_server_runs_no_code_planted_in_the_workspace(real_sandbox: None, how: str) -> None:
+    """The agent plants Python start-up hooks in its workspace, then a read-only call (no approval)
+    starts the server with its secret env: the hooks ran in the server and wrote the token (reversed,
+    past the redactor) where read_file gives it to the model. HOME was the workspace (user site:
+    usercustomize.py, .pth files) and so was the working directory (first on sys.path under -c)."""
+    command = ["python3", str(HOSTILE)] if how == "script" else [
+        "python3", "-c", f"import runpy; runpy.run_path({str(HOSTILE)!r}, run_name='__main__')"]
+    server = McpServer.objects.create(team=factories.team(), name="tracker", transport=McpServer.Transport.STDIO,
+                                      command=command, mounts=[str(HERE)], env={"TRACKER_TOKEN": "tok-0123456789"},
+                                      timeout_seconds=20)
+    assert mcp_server_refresh(server_id=server.id).error == ""
+    session_id = str(uuid.uuid4())
+    workspace = workspace_for(session_id)
+    version = subprocess.run(["python3", "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                             env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, capture_output=True, text=True,
+                             check=True).stdout.strip()  # the sandbox's python3: /usr is the host's
+    leak = "import os; open('/workspace/leak-{}.txt', 'w').write(os.environ.get('TRACKER_TOKEN', '')[::-1])"
+    site = f".local/lib/python{version}/site-packages"
+    _plant(workspace, f"{site}/usercustomize.py", leak.format("usercustomize") + "\n")
+    _plant(workspace, f"{site}/zz.pth", leak.format("pth") + "\n")
+    for module in ("base64", "runpy"):  # imported by the server (or its -c line) from the working directory
+        _plant(workspace, f"{module}.py", leak.format(module) + "\n")
+    result, _ = call(server, "hello", session_id=session_id)
+    assert sorted(p.name for p in workspace.glob("leak-*")) == []
+    assert result.status == "completed" and result.output == "hello", result.output

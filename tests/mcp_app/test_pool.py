@@ -71,7 +71,7 @@ def test_mcp_stdio_server_is_kept_per_session_restarted_when_it_dies_and_faster(
         assert _boot(_call(stdio_server, "whoami", ws_a, "sess-a")) == boot  # the same process
         kept.append(time.monotonic() - started)
     other = _call(stdio_server, "whoami", ws_b, "sess-b")
-    assert _boot(other) != boot and other.data["structured"]["cwd"] == "/workspace"  # a process of its own
+    assert _boot(other) != boot  # a process of its own
     # Its own workspace: what the server of session a writes, session b's does not see.
     assert _call(stdio_server, "note", ws_a, "sess-a", text="for a").status == "completed"
     assert (ws_a / "notes.log").read_text() == "for a\n" and not (ws_b / "notes.log").exists()

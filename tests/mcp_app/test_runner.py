@@ -11,6 +11,7 @@ from mcp_app import secret_refs
 from mcp_app.models import McpServer, McpTool
 from mcp_app.runner import mcp_tool_run
 from mcp_app.services import _source_version, mcp_server_refresh
+from mcp_app.stdio import SERVER_HOME
 from sessions_app.engine.recovery import step_recover
 from sessions_app.models import AgentSession, Step
 from tests import factories
@@ -110,7 +111,9 @@ def test_mcp_stdio_server_runs_sandboxed_in_the_workspace_with_its_env(stdio_ser
         secret_refs.secret_resolver_set(vault)
     assert result.status == "completed", result.output  # type: ignore[attr-defined]
     seen = result.data["structured"]  # type: ignore[attr-defined]
-    assert seen["cwd"] == "/workspace" and seen["token"] == "it's $HOME \"quoted\"" and seen["uid"] != 0
+    assert seen["token"] == "it's $HOME \"quoted\"" and seen["uid"] != 0
+    # HOME and the working directory are the server's own, never the agent's workspace.
+    assert seen["cwd"] == seen["home"] == SERVER_HOME
 
 
 @pytest.mark.django_db

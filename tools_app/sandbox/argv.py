@@ -125,9 +125,9 @@ def data_fd(data: bytes) -> int:
     return read_fd
 
 
-def passwd_data() -> tuple[bytes, bytes]:
+def passwd_data(home: str = SANDBOX_MOUNT) -> tuple[bytes, bytes]:
     uid, gid = sandbox_ids()
-    passwd = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:{SANDBOX_MOUNT}:/bin/sh\n"
+    passwd = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:{home}:/bin/sh\n"
     passwd += "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" if uid != 65534 else ""
     group = f"root:x:0:\nsandbox:x:{gid}:\n"
     return passwd.encode(), group.encode()
