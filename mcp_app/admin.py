@@ -45,8 +45,10 @@ class McpServerAdmin(ChangedFieldsAdmin):
                 self.message_user(request, f"{server.name}: {report.error}", messages.ERROR)
             else:
                 self.message_user(request, f"{server.name}: {len(report.created)} new, {len(report.changed)} "
-                                           f"changed, {len(report.removed)} removed, {report.invalidated} pending "
-                                           "approvals invalidated")
+                                           f"changed, {len(report.removed)} removed, {len(report.skipped)} skipped, "
+                                           f"{report.invalidated} pending approvals invalidated")
+                for note in report.notes:
+                    self.message_user(request, f"{server.name}: {note}", messages.WARNING)
 
     @admin.action(description="Set each tool's approval mode to what its annotations suggest", permissions=["change"])
     def apply_suggested_modes(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:

@@ -91,6 +91,7 @@ class RefreshReport:
     removed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # why each skipped tool was skipped, for the admin
     invalidated: int = 0
     error: str = ""
 
@@ -122,7 +123,7 @@ def mcp_server_refresh(*, server_id: int) -> RefreshReport:
         affected = report.changed + report.removed
         report.invalidated = mcp_pending_approvals_invalidate(tool_names=affected) if affected else 0
         mcp_server_status_record(server_id=server.id, status=McpServer.Status.OK,
-                                 message=f"{len(tools)} tools listed")
+                                 message="; ".join([f"{len(tools)} tools listed", *report.notes]))
     tool_definitions_cache_clear()
     return report
 
@@ -147,10 +148,12 @@ def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
                   "idempotent": bool(remote.annotations and remote.annotations.idempotentHint),
                   "enabled": server.enabled, "source_version": _source_version(server, remote.name, sha)}
         existing = known.get(remote.name)
-        if existing is None and ToolDefinition.objects.filter(name=name).exclude(kind=ToolDefinition.Kind.MCP).exists():
-            log.warning("MCP server %s: tool %s would take the name of a %r tool; skipped", server.name, remote.name,
-                        name)
+        holder = _name_holder(name) if existing is None else ""
+        if holder:
+            note = f"skipped {remote.name[:128]!r}: the name {name} is already held by {holder}"
+            log.warning("MCP server %s: %s", server.name, note)
             report.skipped.append(name)
+            report.notes.append(note)
             continue
         if existing is None:
             definition, _ = ToolDefinition.objects.update_or_create(
@@ -177,6 +180,22 @@ def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
             ToolDefinition.objects.filter(pk=gone.definition_id).update(enabled=False, updated_at=timezone.now())
             report.removed.append(gone.definition.name)
     return report
+
+
+def _name_holder(name: str) -> str:
+    """Who holds the tool name ``name`` ('' when a new tool may take it). Names are global: a
+    built-in or client tool's, another server's tool (``a`` listing ``b__c`` and ``a__b`` listing
+    ``c`` are both ``a__b__c``), or this server's own for another remote name (two names that
+    sanitise or truncate alike). A definition left by a deleted server is free to take, as before."""
+    held = ToolDefinition.objects.filter(name=name).first()
+    if held is None:
+        return ""
+    if held.kind != ToolDefinition.Kind.MCP:
+        return f"a {held.kind} tool"
+    owner = McpTool.objects.select_related("server").filter(definition=held).first()
+    if owner is None:
+        return ""
+    return f"tool {owner.remote_name[:128]!r} of MCP server {owner.server.name!r}"
 
 
 def mcp_tools_apply_suggested_modes(*, server_id: int) -> int:
