@@ -1,6 +1,7 @@
 """An MCP tool result as a ``ToolResult``: text joined into the output, structured content kept
-(and shown to the model as JSON when there is no text), images written under the workspace's
-``outputs/mcp/`` and published as artifacts, embedded resources summarised."""
+(and shown to the model as JSON when there is no text) unless it is over ``STRUCTURED_CAP_BYTES``
+or only repeats the content, images written under the workspace's ``outputs/mcp/`` and published
+as artifacts, embedded resources summarised."""
 
 import base64
 import binascii
@@ -15,11 +16,15 @@ from typing import Any
 from mcp import types
 
 from tools_app.builtin import ToolResult, cap_text
+from tools_app.builtin.registry import OUTPUT_CAP_CHARS
 from tools_app.sandbox import PathDenied, open_beneath, sandbox_ids
 from tools_app.sandbox.workspace import resolve_in_workspace
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 IMAGE_DIR = "outputs/mcp"
+# Structured content is stored in the step's result and served with every read of the turn, like
+# the text (capped at OUTPUT_CAP_CHARS): over this, as JSON, it is dropped with a note.
+STRUCTURED_CAP_BYTES = OUTPUT_CAP_CHARS
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -94,14 +99,35 @@ def tool_result_from_mcp(result: types.CallToolResult, *, server: str, tool: str
             texts.append(f"[{getattr(item, 'type', 'unknown')} content]")
     structured = result.structuredContent
     output = "\n".join(texts)
-    if not output and structured is not None:
-        output = json.dumps(structured, ensure_ascii=False)
     data: dict[str, Any] = {"mcp_server": server, "mcp_tool": tool}
     if structured is not None:
-        data["structured"] = structured
+        encoded = json.dumps(structured, ensure_ascii=False)
+        output = output or encoded  # capped below, as any text
+        omitted = _structured_omitted(structured, encoded, result.content)
+        if omitted:
+            data["structured_omitted"] = omitted
+        else:
+            data["structured"] = structured
     if result.isError:
         return ToolResult(status="failed", output=cap_text(output or "The tool reported an error."),
                           error_code="mcp_tool_error", error_message=cap_text(output, 2000),
                           published_files=published, data=data)
     return ToolResult(status="completed", output=cap_text(output), published_files=published, data=data)
 
+
+
+def _structured_omitted(structured: dict[str, Any], encoded: str, content: list[Any]) -> str:
+    """Why the structured content is not kept ('' to keep it). FastMCP repeats every str (or
+    content-list) return as ``{"result": ...}``: a 5 MiB text was stored twice, the copy uncapped."""
+    if list(structured) == ["result"]:
+        value = structured["result"]
+        texts = [item.text for item in content if isinstance(item, types.TextContent)]
+        if isinstance(value, str) and texts == [value]:
+            return "the same as the text; dropped"
+        if isinstance(value, list) and len(value) == len(content) and all(
+                isinstance(v, dict) and v.get("type") == item.type for v, item in zip(value, content, strict=True)):
+            return "the same as the content; dropped"
+    size = len(encoded.encode())
+    if size > STRUCTURED_CAP_BYTES:
+        return f"{size} bytes of JSON, over the {STRUCTURED_CAP_BYTES}-byte cap; dropped"
+    return ""

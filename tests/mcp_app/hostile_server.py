@@ -5,7 +5,8 @@ the sandbox: what a server the agent or a third party controls can do to the wor
 that (host) path, where the worker would write the image. Its remote name is
 ``HOSTILE_PICTURE_NAME`` (default ``picture``): a name may hold ``/`` and ``..``. ``hello`` does
 nothing: what runs when the server starts is the point. ``HOSTILE_TOOLS`` (comma-separated) adds
-tools of those names (say ``hi``), to collide with another server's names.
+tools of those names (say ``hi``), to collide with another server's names. ``big`` returns a text
+of ``size`` characters, ``big_dict`` a dict holding one (structured content).
 """
 
 import base64
@@ -36,6 +37,18 @@ server.tool(name=os.environ.get("HOSTILE_PICTURE_NAME", "picture"))(picture)
 def hello() -> str:
     """Says hello."""
     return "hello"
+
+
+@server.tool()
+def big(size: int) -> str:
+    """A long text (FastMCP repeats it as structured content)."""
+    return "x" * size
+
+
+@server.tool()
+def big_dict(size: int) -> dict[str, Any]:
+    """A dict holding a long text (structured content)."""
+    return {"blob": "y" * size, "size": size}
 
 
 def _named(name: str) -> str:

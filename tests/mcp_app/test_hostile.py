@@ -1,6 +1,7 @@
 """What a hostile stdio MCP server (``hostile_server.py``, run in the real sandbox) can make the
 worker do: nothing outside the session's workspace."""
 
+import json
 import os
 import subprocess
 import uuid
@@ -117,3 +118,23 @@ def test_mcp_stdio_server_runs_no_code_planted_in_the_workspace(real_sandbox: No
     result, _ = call(server, "hello", session_id=session_id)
     assert sorted(p.name for p in workspace.glob("leak-*")) == []
     assert result.status == "completed" and result.output == "hello", result.output
+
+
+@pytest.mark.django_db
+def test_mcp_structured_content_is_capped_and_not_a_copy_of_the_text(real_sandbox: None) -> None:
+    """A 5 MiB text came back twice, the structured copy (``{"result": text}``, FastMCP's) uncapped:
+    a 5 MB step result, 8 MB from GET /api/turns/<id>."""
+    server = hostile("big")
+    text, _ = call(server, "big", size=5 * 1024 * 1024)
+    assert text.status == "completed", text.output
+    assert "structured" not in text.data and text.data["structured_omitted"] == "the same as the text; dropped"
+    assert "characters cut" in text.output
+    assert len(json.dumps(text.to_dict())) < 100_000
+    blob, _ = call(server, "big_dict", size=200_000)
+    assert "structured" not in blob.data, len(json.dumps(blob.data))
+    assert blob.data["structured_omitted"].endswith("bytes of JSON, over the 65536-byte cap; dropped")
+    assert len(json.dumps(blob.to_dict())) < 100_000
+    small, _ = call(server, "big_dict", size=10)  # under the cap: kept
+    assert small.data["structured"] == {"blob": "y" * 10, "size": 10}
+    picture, _ = call(server, "picture")  # FastMCP's copy of the content blocks, image included
+    assert "structured" not in picture.data and picture.data["structured_omitted"] == "the same as the content; dropped"
