@@ -27,6 +27,9 @@ if SECRET_KEY.startswith(("dev-insecure", "change-me")) and not (DEBUG or AGENTO
         "Set DJANGO_SECRET_KEY to a long random secret, e.g. "
         "python -c 'import secrets; print(secrets.token_urlsafe(50))'; "
         "or, for a local demo only, DJANGO_DEBUG=1 or AGENTOPS_DEMO=1.")
+# Old secrets still accepted while DJANGO_SECRET_KEY rotates (sessions, and the customer runners'
+# job-signing keys, derived from the secret they were created under: hosts_app/runner_keys.py).
+SECRET_KEY_FALLBACKS = env.list("DJANGO_SECRET_KEY_FALLBACKS", default=[])
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 

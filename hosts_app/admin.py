@@ -12,14 +12,14 @@ class SandboxHostAdmin(ChangedFieldsAdmin):
     list_display = ["name", "kind", "pool", "status", "capacity", "team", "last_heartbeat_at"]
     list_filter = ["kind", "pool", "status"]
     # Status moves through the services (heartbeat, sweep, revoke); the token is never shown.
-    # The signing key is the runner's job-signing secret: whether there is one, never the key.
+    # Whether it has a job-signing key pair (a runner from before has none: it needs a new token).
     readonly_fields = ["status", "last_heartbeat_at", "versions", "self_test", "token_hash", "signs_jobs",
                        "revoked_at", "created_at", "updated_at"]
     fields = ["name", "kind", "pool", "labels", "capacity", "team", *readonly_fields]
 
     @admin.display(boolean=True, description="Signs its jobs")
     def signs_jobs(self, obj: SandboxHost) -> bool:
-        return bool(obj.signing_key)
+        return bool(obj.public_key)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)

@@ -69,6 +69,15 @@ def runner_create_api(request: AuthedRequest, payload: RunnerCreateIn) -> Status
     return Status(201, {"name": host.name, "team": team.slug, "token": token})
 
 
+@router.post("/runners/{name}/token", response={200: RunnerCreatedOut, **ERRORS})
+def runner_token_rotate_api(request: AuthedRequest, name: str) -> dict[str, Any]:
+    """A new token for a runner (and a new job-signing key pair); the old token stops working at
+    once. Its only copy is in this response."""
+    host = selectors.host_visible_get(user=request.user, name=name)
+    host, token = runners.runner_token_rotate(name=host.name, actor=request.user)
+    return {"name": host.name, "team": host.team.slug if host.team else "", "token": token}
+
+
 @router.post("/runners/{name}/revoke", response={200: HostOut, **ERRORS})
 def runner_revoke_api(request: AuthedRequest, name: str) -> dict[str, Any]:
     host = selectors.host_visible_get(user=request.user, name=name)

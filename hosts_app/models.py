@@ -47,12 +47,13 @@ class SandboxHost(StateMachine, models.Model):
     self_test = models.JSONField(default=dict, blank=True, help_text="The sandbox self-test it reported.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # Runners only: the team whose sessions it serves, the SHA-256 of its token (the token itself
-    # is shown once), and the key jobs are signed with (HMAC-SHA256; derived from the token by the
-    # runner, so it never travels).
+    # Runners only: the team whose sessions it serves, the SHA-256 of its token's secret (the token
+    # is shown once), and the public half of the Ed25519 key its jobs are signed with (the private
+    # half is derived from the server's secret when signing: hosts_app/runner_keys.py). Empty: a
+    # runner from before signed jobs, refused until it gets a new token.
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="runners")
     token_hash = models.CharField(max_length=64, blank=True, db_index=True)
-    signing_key = models.CharField(max_length=64, blank=True)
+    public_key = models.CharField(max_length=64, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -1,6 +1,7 @@
 """The customer runners' endpoints (``/api/runner/...``): authenticated by the runner's own token
-(``Authorization: Bearer aor_…``), never by a user's. Async views: a long-poll must not hold the
-one thread daphne runs sync views in; database work runs in worker threads (``database_read``).
+(``Authorization: Bearer aor_…``: its secret part; the public key after it stays on the runner),
+never by a user's. Async views: a long-poll must not hold the one thread daphne runs sync views in;
+database work runs in worker threads (``database_read``).
 """
 
 import asyncio
@@ -65,7 +66,7 @@ def _token(request: HttpRequest) -> str:
 
 def _as_runner(token: str, action: Callable[..., R], **kwargs: Any) -> tuple[SandboxHost, R]:
     """Authenticate the runner and act for it in the same database visit (one worker thread hop:
-    under load each hop costs milliseconds). Unknown or revoked token: 401, nothing done."""
+    under load each hop costs milliseconds). Unknown, revoked or outdated token: 401, nothing done."""
     host = runners.runner_authenticate(token)
     if host is None:
         raise HttpError(401, "Unknown or revoked runner token.")

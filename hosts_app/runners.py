@@ -1,4 +1,5 @@
-"""Customer runners: per-runner tokens (hashed at rest, revocable), signed jobs, idempotent results.
+"""Customer runners: per-runner tokens (hashed at rest, revocable, renewable), signed jobs (Ed25519,
+``hosts_app.runner_keys``), idempotent results.
 
 A runner authenticates with its token on every request; a revoked runner's token stops working at
 once (the next request, the long-poll included, is 401). Jobs are the approved tool steps of the
@@ -17,6 +18,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
@@ -26,11 +28,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from agentops import dispatch
-from agentops.domain import Conflict, InvalidArguments, NotFound
+from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound
 from agentops.models import Team
-from agentops.runner.protocol import TOKEN_PREFIX, sign, signing_key, spec_sha256, token_hash
+from agentops.runner.protocol import TOKEN_PREFIX, sign, spec_sha256, token_hash, token_with_key
 from agentops.teams import OPERATE_ROLES, require_team_role
 from hosts_app.models import RunnerResult, SandboxHost
+from hosts_app.runner_keys import runner_public_key, runner_signing_key
 from hosts_app.services import CHECKING, WAKE_REVOKED, host_heartbeat, runner_wake
 from sessions_app.engine.recovery import _back_to, _in_doubt
 from sessions_app.engine.tool_steps import StepRebound, current_run, tool_step_claim, tool_step_record
@@ -46,17 +49,51 @@ MAX_FILE_BYTES = 20 * 1024 * 1024
 RUNNER_TOOLS = frozenset({"run_command", "read_file", "write_file", "list_files", "publish_artifact"})
 
 
+class RunnerTokenOutdated(DomainError):
+    """A runner token from before jobs were signed with Ed25519: the runner needs a new token."""
+
+    code = "runner_token_outdated"
+    status = 401
+
+
+def _new_token(host: SandboxHost) -> str:
+    """A new token for ``host`` (its fields set, not saved): the secret, hashed at rest, and the
+    public key of the key pair that goes with it, pinned by the runner."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    host.token_hash = token_hash(secret)
+    host.public_key = runner_public_key(host)
+    return token_with_key(secret, host.public_key)
+
+
 @transaction.atomic
 def runner_create(*, team: Team, name: str, actor: User, pool: str = "default",
                   labels: list[str] | None = None, capacity: int = 8) -> tuple[SandboxHost, str]:
-    """A runner of ``team``; returns it and its token (shown once: only its hash is kept)."""
+    """A runner of ``team``; returns it and its token (shown once: only its secret's hash and its
+    public key are kept)."""
     require_team_role(actor, team.pk, OPERATE_ROLES, what="create runners")
     if SandboxHost.objects.filter(name=name).exists():
         raise Conflict(f"A sandbox host named {name!r} exists", code="host_exists")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    host = SandboxHost.objects.create(name=name, kind=SandboxHost.Kind.RUNNER, team=team, pool=pool,
-                                      labels=sorted(labels or []), capacity=capacity,
-                                      token_hash=token_hash(token), signing_key=signing_key(token))
+    host = SandboxHost(name=name, kind=SandboxHost.Kind.RUNNER, team=team, pool=pool,
+                       labels=sorted(labels or []), capacity=capacity)
+    token = _new_token(host)
+    host.save(force_insert=True)
+    return host, token
+
+
+@transaction.atomic
+def runner_token_rotate(*, name: str, actor: User) -> tuple[SandboxHost, str]:
+    """A new token (and key pair) for a runner; the old token is refused from the next request on,
+    its running long-poll included. How a runner created before signed jobs gets a key to pin."""
+    host = SandboxHost.objects.select_for_update().filter(name=name, kind=SandboxHost.Kind.RUNNER).first()
+    if host is None:
+        raise NotFound(f"No runner {name!r}")
+    require_team_role(actor, host.team_id or 0, OPERATE_ROLES, what="renew runner tokens")
+    if host.status == SandboxHost.Status.REVOKED:
+        raise Conflict("This runner was revoked.", code="runner_revoked")
+    token = _new_token(host)
+    host.save(update_fields=["token_hash", "public_key", "updated_at"])
+    log.warning("runner %s got a new token (by %s)", host.name, actor.username)
+    runner_wake(host.name, WAKE_REVOKED)  # its running long-poll authenticates again, now: 401
     return host, token
 
 
@@ -77,12 +114,17 @@ def runner_revoke(*, name: str, actor: User) -> SandboxHost:
 
 
 def runner_authenticate(token: str) -> SandboxHost | None:
-    """The runner holding this token, or None (unknown or revoked: the request is refused)."""
+    """The runner holding this token (its secret part), or None (unknown or revoked: the request is
+    refused). RunnerTokenOutdated for a runner from before signed jobs: it must get a new token."""
     if not token.startswith(TOKEN_PREFIX):
         return None
     host = SandboxHost.objects.filter(token_hash=token_hash(token), kind=SandboxHost.Kind.RUNNER).first()
     if host is None or host.status == SandboxHost.Status.REVOKED:
         return None
+    if not host.public_key:
+        raise RunnerTokenOutdated(
+            f"Runner {host.name}'s token is from before jobs were signed with Ed25519: an operator of its team "
+            f"gives it a new one with POST /api/runners/{host.name}/token.")
     return host
 
 
@@ -91,20 +133,20 @@ def runner_heartbeat(*, host: SandboxHost, versions: dict[str, Any], self_test: 
     return host_heartbeat(host_id=host.id)
 
 
-def _signed(host: SandboxHost, job: dict[str, Any]) -> dict[str, Any]:
+def _signed(host: SandboxHost, key: Ed25519PrivateKey, job: dict[str, Any]) -> dict[str, Any]:
     job = {**job, "runner": host.name, "issued_at": time.time(), "expires_at": time.time() + JOB_TTL_SECONDS}
-    return {"job": job, "signature": sign(host.signing_key, job)}
+    return {"job": job, "signature": sign(key, job)}
 
 
-def _manifest_job(host: SandboxHost) -> dict[str, Any] | None:
+def _manifest_job(host: SandboxHost, key: Ed25519PrivateKey) -> dict[str, Any] | None:
     step = Step.objects.filter(status=Step.Status.RUNNING, lease_owner=f"{CHECKING}{host.name}").first()
     if step is None:
         return None
-    return _signed(host, {"type": "manifest_check", "job_id": f"{step.id}:{step.attempts}", "step_id": str(step.id),
-                          "session_id": str(step.session_id)})
+    return _signed(host, key, {"type": "manifest_check", "job_id": f"{step.id}:{step.attempts}",
+                               "step_id": str(step.id), "session_id": str(step.session_id)})
 
 
-def _claim_one(host: SandboxHost, step_id: uuid.UUID | None = None) -> dict[str, Any] | None:
+def _claim_one(host: SandboxHost, key: Ed25519PrivateKey, step_id: uuid.UUID | None = None) -> dict[str, Any] | None:
     waiting = Step.objects.filter(kind=Step.Kind.TOOL, status=Step.Status.APPROVED, session__placement__host=host)
     if step_id is not None:
         waiting = waiting.filter(pk=step_id)
@@ -129,20 +171,23 @@ def _claim_one(host: SandboxHost, step_id: uuid.UUID | None = None) -> dict[str,
         from tools_app.binding import run_spec
 
         spec = run_spec(tool=tool, arguments=step.arguments)
-        return _signed(host, {"type": "tool", "job_id": f"{step.id}:{step.attempts}", "step_id": str(step.id),
-                              "session_id": str(step.session_id), "tool": step.tool_name,
-                              "arguments": step.arguments, "timeout_seconds": tool.timeout_seconds,
-                              "network": tool.network, "idempotent": tool.idempotent, "spec": spec,
-                              "approval_sha256": spec_sha256(spec),
-                              "approval_request_id": str(approval.request_id) if approval else None,
-                              "approved_sha256": (approval.approved_sha256 or approval.arguments_sha256)
-                              if approval else None})
+        # approved_sha256 is the approval's own hash: the runner checks the spec hashes to it.
+        return _signed(host, key, {"type": "tool", "job_id": f"{step.id}:{step.attempts}", "step_id": str(step.id),
+                                   "session_id": str(step.session_id), "tool": step.tool_name,
+                                   "arguments": step.arguments, "timeout_seconds": tool.timeout_seconds,
+                                   "network": tool.network, "idempotent": tool.idempotent, "spec": spec,
+                                   "approval_sha256": spec_sha256(spec),
+                                   "approval_request_id": str(approval.request_id) if approval else None,
+                                   "approved_sha256": (approval.approved_sha256 or approval.arguments_sha256)
+                                   if approval else None})
     return None
 
 
 def runner_next_job(*, host: SandboxHost) -> dict[str, Any] | None:
-    """The next signed job for this runner (a manifest check first), claimed; None when none waits."""
-    return _manifest_job(host) or _claim_one(host)
+    """The next signed job for this runner (a manifest check first), claimed; None when none waits.
+    RunnerKeyUnavailable, before anything is claimed, when its jobs cannot be signed."""
+    key = runner_signing_key(host)
+    return _manifest_job(host, key) or _claim_one(host, key)
 
 
 def runner_woken_job(*, host: SandboxHost, message: str) -> dict[str, Any] | None:
@@ -152,7 +197,7 @@ def runner_woken_job(*, host: SandboxHost, message: str) -> dict[str, Any] | Non
         step_id = uuid.UUID(message)
     except ValueError:
         return runner_next_job(host=host)
-    return _claim_one(host, step_id)
+    return _claim_one(host, runner_signing_key(host), step_id)
 
 
 def _step_of(host: SandboxHost, job_id: str) -> Step:

@@ -20,9 +20,15 @@ from typing import Any
 
 import httpx
 
-from agentops.runner.protocol import JobRefused, signing_key, verify_job
+from agentops.runner.protocol import JobRefused, TokenWithoutKey, split_token, verify_job
 
 log = logging.getLogger("agentops.runner")
+
+NO_KEY_MESSAGE = (
+    "{problem}: this runner verifies every job's signature with the public key its token carries "
+    "(aor_<secret>.<public key>) and will not run a job it cannot verify. A token from before jobs were "
+    "signed with Ed25519 has none. Ask an operator of the runner's team for a new token "
+    "(POST /api/runners/<name>/token; the old one stops working at once) and start the runner with it.")
 
 
 def configure_django(workdir: Path) -> None:
@@ -46,7 +52,9 @@ def configure_django(workdir: Path) -> None:
 class Runner:
     def __init__(self, *, url: str, token: str, workdir: Path, wait: float = 20.0) -> None:
         self.url = url.rstrip("/")
-        self.key = signing_key(token)
+        # Only the secret travels (the bearer token); the public key is pinned here: a job signed
+        # with anything else, by whoever sees our requests or the server's database, is refused.
+        secret, self.key = split_token(token)
         self.workdir = workdir
         self.state = workdir / "pending-results"
         self.manifests = workdir / "manifests"
@@ -54,14 +62,14 @@ class Runner:
         self.manifests.mkdir(parents=True, exist_ok=True)
         self.wait = wait
         self.name = ""
-        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=wait + 30)
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=wait + 30)
         self.stop = threading.Event()
 
     # --- talking to the server -----------------------------------------------------------------
     def post(self, path: str, body: dict[str, Any] | None = None, **params: Any) -> httpx.Response:
         response = self.http.post(f"{self.url}/api/runner{path}", json=body or {}, params=params)
         if response.status_code == 401:
-            raise PermissionError("the server refused this runner's token (revoked?)")
+            raise PermissionError(f"the server refused this runner's token (revoked?): {response.text[:300]}")
         return response
 
     def heartbeat(self) -> None:
@@ -199,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     workdir.chmod(0o711)
     configure_django(workdir)
-    return Runner(url=args.url, token=args.token, workdir=workdir, wait=args.wait).serve()
+    try:
+        runner = Runner(url=args.url, token=args.token, workdir=workdir, wait=args.wait)
+    except TokenWithoutKey as exc:
+        log.error(NO_KEY_MESSAGE.format(problem=str(exc).capitalize()))
+        return 2
+    return runner.serve()
 
 
 if __name__ == "__main__":

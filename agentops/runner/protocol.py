@@ -1,21 +1,33 @@
-"""The runner protocol, shared by the server (hosts_app.runners) and the runner: standard library only.
+"""The runner protocol, shared by the server (hosts_app.runners) and the runner: the standard library
+and ``cryptography`` only.
 
-A job is a JSON object signed with HMAC-SHA256 under a per-runner key derived from the runner's
-token (``signing_key``), so the key never travels and the server stores only the token's hash and
-the key. The runner accepts a job only when (1) the signature verifies, (2) it names this runner
-and has not expired, and (3) the run spec it carries hashes to the approval hash it carries, and
-that spec describes exactly the tool, arguments, timeout and network to run. A compromised network
-path can therefore neither forge a job nor change what an approved job runs.
+A job is a JSON object signed with Ed25519. The server derives each runner's private key from its
+own secret (``hosts_app.runner_keys``: never stored, never sent); the runner gets the matching
+public key out of band, inside the token it is shown once (``aor_<secret>.<public key>``), and pins
+it. On the wire the runner sends only the secret part (``Authorization: Bearer aor_<secret>``); the
+database holds the secret's SHA-256 and the public key. Whoever reads a request or the database
+can therefore authenticate as the runner, but cannot sign a job it will run.
+
+The runner accepts a job only when (1) the signature verifies under its pinned key, (2) it names
+this runner and has not expired, and (3) the run spec it carries hashes to the approval hash it
+carries (the approval's own hash, which the server checked before signing), and that spec
+describes exactly the tool, arguments, timeout and network to run. A compromised network path can
+therefore neither forge a job nor change what an approved job runs.
 """
 
+import base64
+import binascii
 import hashlib
-import hmac
 import json
 import time
 from typing import Any
 
-SIGNING_CONTEXT = b"agentops-runner-job-signing-v1"
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 TOKEN_PREFIX = "aor_"
+KEY_SEPARATOR = "."  # never in the secret part (token_urlsafe: letters, digits, - and _)
 
 
 def canonical_json(value: Any) -> str:
@@ -27,12 +39,42 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def signing_key(token: str) -> str:
-    return hmac.new(token.encode(), SIGNING_CONTEXT, hashlib.sha256).hexdigest()
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-def sign(key: str, job: dict[str, Any]) -> str:
-    return hmac.new(key.encode(), canonical_json(job).encode(), hashlib.sha256).hexdigest()
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def public_key_text(key: Ed25519PrivateKey) -> str:
+    """The public half of ``key``, as it is written in a token and stored."""
+    return _b64(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def token_with_key(secret: str, public_key: str) -> str:
+    """The token a runner is shown once: its secret and the public key it pins."""
+    return f"{secret}{KEY_SEPARATOR}{public_key}"
+
+
+class TokenWithoutKey(ValueError):
+    """The token carries no job-signing public key: the runner could not verify any job."""
+
+
+def split_token(token: str) -> tuple[str, Ed25519PublicKey]:
+    """(the secret sent as the bearer token, the pinned public key); TokenWithoutKey when the token
+    has none (issued before jobs were signed with Ed25519) or it is not an Ed25519 key."""
+    secret, _, key = token.strip().partition(KEY_SEPARATOR)
+    if not key:
+        raise TokenWithoutKey("the token carries no job-signing public key")
+    try:
+        return secret, Ed25519PublicKey.from_public_bytes(_unb64(key))
+    except (ValueError, binascii.Error) as exc:
+        raise TokenWithoutKey("the token's public key is not an Ed25519 key") from exc
+
+
+def sign(key: Ed25519PrivateKey, job: dict[str, Any]) -> str:
+    return _b64(key.sign(canonical_json(job).encode()))
 
 
 class JobRefused(Exception):
@@ -43,12 +85,15 @@ def spec_sha256(spec: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
 
-def verify_job(*, key: str, runner: str, job: dict[str, Any], signature: str, now: float | None = None) -> None:
+def verify_job(*, key: Ed25519PublicKey, runner: str, job: dict[str, Any], signature: str,
+               now: float | None = None) -> None:
     """Raise JobRefused unless the job is authentic, for this runner, current, and what was approved."""
     if not isinstance(job, dict) or not isinstance(signature, str):
         raise JobRefused("malformed job")
-    if not hmac.compare_digest(sign(key, job), signature):
-        raise JobRefused("bad signature")
+    try:
+        key.verify(_unb64(signature), canonical_json(job).encode())
+    except (InvalidSignature, ValueError, binascii.Error) as exc:
+        raise JobRefused("bad signature") from exc
     if job.get("runner") != runner:
         raise JobRefused(f"job is for runner {job.get('runner')!r}")
     if float(job.get("expires_at", 0)) < (now if now is not None else time.time()):
@@ -58,6 +103,8 @@ def verify_job(*, key: str, runner: str, job: dict[str, Any], signature: str, no
     spec = job.get("spec")
     if not isinstance(spec, dict) or spec_sha256(spec) != job.get("approval_sha256"):
         raise JobRefused("approval hash does not match the run spec")
+    if job.get("approved_sha256") not in (None, job.get("approval_sha256")):
+        raise JobRefused("the run spec is not the one the reviewer approved")
     for field, spec_field in (("tool", "tool"), ("arguments", "arguments"), ("timeout_seconds", "timeout_seconds"),
                               ("network", "network")):
         if job.get(field) != spec.get(spec_field):

@@ -58,7 +58,7 @@ def test_the_webhook_secret_is_write_only(admin_client: Client) -> None:
 
 def test_sandbox_hosts_show_no_signing_key_and_make_no_runner(admin_client: Client) -> None:
     runner = SandboxHost.objects.create(name="cust", kind=SandboxHost.Kind.RUNNER, team=factories.team("ops"),
-                                        token_hash="0" * 64, signing_key="ab12" * 16)
+                                        token_hash="0" * 64, public_key="ab12" * 10)
     page = admin_client.get(f"/admin/hosts_app/sandboxhost/{runner.pk}/change/").content.decode()
     assert "ab12ab12" not in page and "Signs its jobs" in page
     add = admin_client.get("/admin/hosts_app/sandboxhost/add/").content.decode()

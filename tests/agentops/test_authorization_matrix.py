@@ -120,6 +120,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "POST", "/api/sessions/{idle}/host", {"host": "{host}"}, _row(401, 200, 404, 403, 404, 200, 200, 401)),
     ("api", "POST", "/api/runners", {"name": "r-new", "team": "same"}, _row(401, 201, 404, 403, 404, 201, 201, 401)),
     ("api", "POST", "/api/runners/{runner}/revoke", {}, _row(401, 200, 404, 403, 404, 200, 200, 401)),
+    ("api", "POST", "/api/runners/{runner}/token", {}, _row(401, 200, 404, 403, 404, 200, 200, 401)),
     # The runners' own endpoints take a runner's token, never a user's credentials.
     ("api", "POST", "/api/runner/heartbeat", {}, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/next?wait=0", None, RUNNER_ONLY),

@@ -180,3 +180,34 @@ def watch_console(page: Any) -> list[str]:
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
     return problems
+
+
+@pytest.fixture
+def runner_setup(world: World, stack: Stack, workspace_base: Path) -> Iterator[tuple[Any, str]]:
+    """Runner ``cust-1`` of the default team (pool ``customer``, the agent's), made through the API:
+    its runner processes (``runner_kit.RunnerProcs``, none started yet) and its token."""
+    import uuid
+
+    from hosts_app.models import AgentHostPolicy
+    from tests.e2e.runner_kit import RunnerProcs
+    from tests.helpers import api_client
+
+    AgentHostPolicy.objects.create(agent=world.agent, pool="customer")
+    response = api_client(world.operator).post("/api/runners", {"name": "cust-1", "team": "default",
+                                                                "pool": "customer"},
+                                               content_type="application/json")
+    assert response.status_code == 201, response.content
+    token = response.json()["token"]
+    procs = RunnerProcs(stack, token, workspace_base / f"runner-{uuid.uuid4().hex[:8]}")
+    yield procs, token
+    procs.kill_all()
+
+
+@pytest.fixture
+def interceptor(stack: Stack) -> Iterator[Any]:
+    """A man in the middle on the runner's path to daphne (``runner_kit.Interceptor``)."""
+    from tests.e2e.runner_kit import Interceptor
+
+    mitm = Interceptor(stack.url)
+    yield mitm
+    mitm.close()

@@ -8,13 +8,9 @@ workspace having changed, a reviewer decides."""
 
 import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,31 +18,22 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
-from django.test import Client
 
 from agentops.runner.__main__ import Runner
-from agentops.runner.protocol import JobRefused, sign, signing_key, spec_sha256, verify_job
+from agentops.runner.protocol import JobRefused, sign, spec_sha256, split_token, verify_job
 from approvals_app.models import ApprovalRequest
-from hosts_app.models import AgentHostPolicy, RunnerResult, SessionPlacement
-from sessions_app.engine.commands import session_start, turn_submit
+from hosts_app.models import RunnerResult, SandboxHost, SessionPlacement
+from hosts_app.runner_keys import runner_signing_key
+from sessions_app.engine.commands import turn_submit
 from sessions_app.engine.recovery import sweep
-from sessions_app.models import AgentSession, Artifact, Event, Step, Turn
-from tests.e2e.conftest import ROOT, SCREENSHOTS, Stack, World, login
+from sessions_app.models import Artifact, Event, Step
+from tests.e2e.conftest import SCREENSHOTS, Stack, World, login
+from tests.e2e.runner_kit import RunnerProcs, approve, approved_command, online
 from tests.helpers import api_client, finished, pending_approvals, script, tool
 from tests.waiting import wait_for
 from tools_app.models import ToolDefinition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def approve(reviewer: User, approval: ApprovalRequest) -> None:
-    client = Client()
-    client.force_login(reviewer)
-    response = client.post(f"/api/approvals/{approval.request_id}/decision",
-                           json.dumps({"decision": "approve", "arguments_sha256": approval.arguments_sha256}),
-                           content_type="application/json")
-    assert response.status_code == 200, response.content
 
 
 @pytest.fixture
@@ -106,67 +93,13 @@ def proxy(stack: Stack) -> Iterator[CuttableProxy]:
     p.close()
 
 
-class RunnerProcs:
-    def __init__(self, stack: Stack, token: str, workdir: Path) -> None:
-        self.stack, self.token, self.workdir = stack, token, workdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, url: str | None = None, **env: str) -> subprocess.Popen[bytes]:
-        # Nothing of the server's: no database, no broker, no Django settings module.
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS", "DJANGO",
-                                                                           "CELERY"))}
-        log = (self.stack.logs / f"runner-{len(self.procs)}.log").open("ab")
-        proc = subprocess.Popen([sys.executable, "-m", "agentops.runner", "--url", url or self.stack.url, "--token",
-                                 self.token, "--workdir", str(self.workdir), "--wait", "5"],
-                                cwd=ROOT, env={**clean, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def runner_setup(world: World, stack: Stack, workspace_base: Path) -> Iterator[tuple[RunnerProcs, str]]:
-    AgentHostPolicy.objects.create(agent=world.agent, pool="customer")
-    response = api_client(world.operator).post("/api/runners", {"name": "cust-1", "team": "default",
-                                                                "pool": "customer"},
-                                               content_type="application/json")
-    assert response.status_code == 201, response.content
-    token = response.json()["token"]
-    workdir = workspace_base / f"runner-{uuid.uuid4().hex[:8]}"
-    procs = RunnerProcs(stack, token, workdir)
-    yield procs, token
-    procs.kill_all()
-
-
-def _online(name: str) -> bool | None:
-    from hosts_app.models import SandboxHost
-
-    return SandboxHost.objects.filter(name=name, status="online").exists() or None
-
-
-def _approved_command(world: World, command: str) -> tuple[AgentSession, Turn]:
-    """A session whose first step is ``run_command`` of ``command``, approved by the reviewer."""
-    session, turn = session_start(agent=world.agent, owner=world.operator,
-                                  input=script(tool("run_command", command=command), "say {results}"))
-    assert turn is not None
-    (approval,) = pending_approvals(turn, timeout=60)
-    approve(world.reviewer, approval)
-    return session, turn
-
-
 def test_runner_runs_approved_commands_and_a_resent_result_is_recorded_once(
         world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
     procs, token = runner_setup
     marker = procs.workdir.parent / f"{procs.workdir.name}-held"
     procs.start(AGENTOPS_RUNNER_FAILPOINT_BEFORE_RESULT=str(marker))
-    wait_for(lambda: _online("cust-1"), 60, "the runner online")
-    session, turn = _approved_command(world, "mkdir -p outputs && echo on-runner | tee outputs/r.txt")
+    wait_for(lambda: online("cust-1"), 60, "the runner online")
+    session, turn = approved_command(world, "mkdir -p outputs && echo on-runner | tee outputs/r.txt")
     # The runner ran it, kept its result, and loses its connection before sending it.
     wait_for(lambda: marker.exists() or None, 60, "the runner to hold its result")
     procs.kill_all()
@@ -186,7 +119,8 @@ def test_runner_runs_approved_commands_and_a_resent_result_is_recorded_once(
 
     # The same result sent again: acknowledged, recorded once.
     job_id = RunnerResult.objects.get(step=step).job_id
-    again = httpx.post(f"{stack.url}/api/runner/jobs/{job_id}/result", headers={"Authorization": f"Bearer {token}"},
+    again = httpx.post(f"{stack.url}/api/runner/jobs/{job_id}/result",
+                       headers={"Authorization": f"Bearer {split_token(token)[0]}"},
                        json={"result": {"status": "completed", "output": "a second copy"}, "files": []})
     assert again.status_code == 200 and again.json() == {"recorded": False}
     assert RunnerResult.objects.get(step=step).deliveries == 2
@@ -198,14 +132,15 @@ def test_runner_runs_approved_commands_and_a_resent_result_is_recorded_once(
 def test_runner_refuses_a_tampered_job_and_a_revoked_runner_is_refused(
         world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str]) -> None:
     procs, token = runner_setup
-    headers = {"Authorization": f"Bearer {token}"}
+    secret, pinned = split_token(token)
+    headers = {"Authorization": f"Bearer {secret}"}
     assert httpx.post(f"{stack.url}/api/runner/heartbeat", headers=headers, json={}).status_code == 200
-    session, turn = _approved_command(world, "echo approved")
+    session, turn = approved_command(world, "echo approved")
     # A compromised network path hands the runner the approved job with other arguments.
     response = httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 20}, timeout=40)
     assert response.status_code == 200, response.text
     envelope = response.json()
-    verify_job(key=signing_key(token), runner="cust-1", job=envelope["job"], signature=envelope["signature"])
+    verify_job(key=pinned, runner="cust-1", job=envelope["job"], signature=envelope["signature"])
     tampered = json.loads(json.dumps(envelope))
     tampered["job"]["arguments"] = {"command": "touch /workspace/pwned"}
     tampered["job"]["spec"]["arguments"] = tampered["job"]["arguments"]
@@ -219,13 +154,18 @@ def test_runner_refuses_a_tampered_job_and_a_revoked_runner_is_refused(
     assert Event.objects.filter(step=step, type="runner.job_refused", payload__reason="bad signature").exists()
     assert not (procs.workdir / "workspaces" / str(session.id) / "pwned").exists()
     # Signed with the right key but not what was approved: refused on the approval hash.
+    key = runner_signing_key(SandboxHost.objects.get(name="cust-1"))
     forged = dict(envelope["job"], arguments={"command": "touch /workspace/pwned"})
     with pytest.raises(JobRefused, match="approval hash|not the approved"):
-        verify_job(key=signing_key(token), runner="cust-1", job=forged, signature=sign(signing_key(token), forged))
+        verify_job(key=pinned, runner="cust-1", job=forged, signature=sign(key, forged))
+    spec = dict(envelope["job"]["spec"], arguments=forged["arguments"])  # a self-consistent job, unapproved
+    forged = dict(forged, spec=spec, approval_sha256=spec_sha256(spec))
+    with pytest.raises(JobRefused, match="not the one the reviewer approved"):
+        verify_job(key=pinned, runner="cust-1", job=forged, signature=sign(key, forged))
 
     # Revoked: the very next request is refused, the long-poll included; the runner process stops.
     proc = procs.start()
-    wait_for(lambda: _online("cust-1"), 60, "the runner online")
+    wait_for(lambda: online("cust-1"), 60, "the runner online")
     revoked = api_client(world.operator).post("/api/runners/cust-1/revoke", {}, content_type="application/json")
     assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
     assert httpx.post(f"{stack.url}/api/runner/jobs/next", headers=headers, params={"wait": 0}).status_code == 401
@@ -243,7 +183,7 @@ def test_hosts_page_shows_each_host_with_status_load_and_self_test(
     stack.spawn("host", [sys.executable, "manage.py", "sandbox_host", "--name", "gpu-1", "--labels", "gpu,big",
                          "--capacity", "16", "--concurrency", "1"])
     procs.start()
-    wait_for(lambda: _online("cust-1") and _online("gpu-1"), 90, "a hosted host and a runner online")
+    wait_for(lambda: online("cust-1") and online("gpu-1"), 90, "a hosted host and a runner online")
     page = login(browser, stack, world.operator.username, viewport={"width": 1400, "height": 520})
     page.goto(f"{stack.url}/hosts/")
     rows = page.locator("#hosts tbody tr")
@@ -258,8 +198,8 @@ def test_runner_cut_off_mid_command_delivers_its_result_once(
         world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str], proxy: CuttableProxy) -> None:
     procs, _token = runner_setup
     procs.start(url=proxy.url)
-    wait_for(lambda: _online("cust-1"), 60, "the runner online (through the proxy)")
-    session, turn = _approved_command(world, "touch started; sleep 3; echo ran >> runs.txt; echo done-once")
+    wait_for(lambda: online("cust-1"), 60, "the runner online (through the proxy)")
+    session, turn = approved_command(world, "touch started; sleep 3; echo ran >> runs.txt; echo done-once")
     step = Step.objects.get(turn=turn, kind="tool")
     started = procs.workdir / "workspaces" / str(session.id) / "started"
     wait_for(lambda: started.exists() or None, 60, "the command to start on the runner")
@@ -286,8 +226,8 @@ def test_runner_killed_mid_command_is_asked_for_its_manifest_when_back(
     procs, _token = runner_setup
     ToolDefinition.objects.filter(name="run_command").update(timeout_seconds=3)
     procs.start()
-    wait_for(lambda: _online("cust-1"), 60, "the runner online")
-    session, turn = _approved_command(world, "echo changed > changed.txt; sleep 2")
+    wait_for(lambda: online("cust-1"), 60, "the runner online")
+    session, turn = approved_command(world, "echo changed > changed.txt; sleep 2")
     marker = procs.workdir / "workspaces" / str(session.id) / "changed.txt"
     wait_for(lambda: marker.exists() or None, 60, "the command to start on the runner")
     procs.kill_all()  # SIGKILL, mid-command: no result will ever come
@@ -295,7 +235,7 @@ def test_runner_killed_mid_command_is_asked_for_its_manifest_when_back(
     assert Step.objects.get(pk=step.pk).status == "running"
     assert (procs.workdir / "manifests" / f"{step.id}.json").exists()  # saved before the command ran
     procs.start()  # the runner is back (same work directory); its lease runs out (timeout 3 s + 2 s)
-    wait_for(lambda: _online("cust-1"), 60, "the runner online again")
+    wait_for(lambda: online("cust-1"), 60, "the runner online again")
 
     def swept_into_doubt() -> bool | None:
         sweep()  # the sweeper (Celery beat in production): the lease ran out → ask the runner

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentops import dispatch
-from agentops.runner.protocol import verify_job
+from agentops.runner.protocol import split_token, verify_job
 from hosts_app import hooks, runners
 from hosts_app.models import AgentHostPolicy, SandboxHost, SessionPlacement
 from hosts_app.services import WAKE_REVOKED, host_heartbeat, hosts_mark_offline, session_pin, wake_key
@@ -142,11 +142,13 @@ def test_session_move_refuses_bad_input_and_changes_nothing(operator: User) -> N
 def test_runner_token_is_hashed_at_rest_and_revocation_is_immediate(operator: User) -> None:
     runner, token = runners.runner_create(team=factories.team(), name="cust", actor=operator)
     row = SandboxHost.objects.filter(pk=runner.pk).values().get()
-    assert token not in {str(v) for v in row.values()}
-    assert runners.runner_authenticate(token) == runner
-    assert runners.runner_authenticate(token + "x") is None
+    secret, _pinned = split_token(token)
+    assert secret not in {str(v) for v in row.values()}
+    assert runners.runner_authenticate(secret) == runner
+    assert runners.runner_authenticate(secret + "x") is None
+    assert runners.runner_authenticate(token) is None  # the public key stays on the runner
     runners.runner_revoke(name="cust", actor=operator)
-    assert runners.runner_authenticate(token) is None
+    assert runners.runner_authenticate(secret) is None
 
 
 def test_host_list_api_costs_the_same_queries_for_more_hosts(operator: User,
@@ -164,7 +166,7 @@ def test_host_list_api_costs_the_same_queries_for_more_hosts(operator: User,
 
 def test_a_woken_poll_claims_the_step_it_names_for_its_own_sessions_only(operator: User) -> None:
     tool_definitions_seed()
-    mine, _ = runners.runner_create(team=factories.team(), name="mine", actor=operator)
+    mine, token = runners.runner_create(team=factories.team(), name="mine", actor=operator)
     theirs, _ = runners.runner_create(team=factories.team(), name="theirs", actor=operator)
     steps = {}
     for runner in (mine, theirs):
@@ -177,7 +179,7 @@ def test_a_woken_poll_claims_the_step_it_names_for_its_own_sessions_only(operato
     assert Step.objects.get(pk=steps["theirs"].pk).status == "approved"
     envelope = runners.runner_woken_job(host=mine, message=str(steps["mine"].id))
     assert envelope is not None and envelope["job"]["step_id"] == str(steps["mine"].id)
-    assert verify_ok(envelope, mine)
+    assert verify_ok(envelope, mine, token)
     claimed = Step.objects.get(pk=steps["mine"].pk)
     assert claimed.status == "running" and claimed.lease_owner == "runner:mine"  # in the claim itself
     assert runners.runner_woken_job(host=mine, message=str(steps["mine"].id)) is None  # claimed once
@@ -185,8 +187,9 @@ def test_a_woken_poll_claims_the_step_it_names_for_its_own_sessions_only(operato
     assert runners.runner_woken_job(host=mine, message="look") is None
 
 
-def verify_ok(envelope: dict[str, Any], runner: SandboxHost) -> bool:
-    verify_job(key=runner.signing_key, runner=runner.name, job=envelope["job"], signature=envelope["signature"])
+def verify_ok(envelope: dict[str, Any], runner: SandboxHost, token: str) -> bool:
+    _secret, pinned_key = split_token(token)
+    verify_job(key=pinned_key, runner=runner.name, job=envelope["job"], signature=envelope["signature"])
     return True
 
 
