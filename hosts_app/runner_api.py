@@ -53,6 +53,7 @@ class RecordedOut(Out):
 
 class RefusedIn(Schema):
     reason: str
+    replayed: bool = False  # the job had already run there: its result stands
 
 
 class ManifestIn(Schema):
@@ -138,7 +139,8 @@ async def runner_result_api(request: HttpRequest, job_id: str, payload: ResultIn
 
 @router.post("/jobs/{job_id}/refused", auth=None, response={204: None, **ERRORS})
 async def runner_refused_api(request: HttpRequest, job_id: str, payload: RefusedIn) -> Any:
-    await _act(request, runners.runner_refusal_record, job_id=job_id, reason=payload.reason)
+    await _act(request, runners.runner_refusal_record, job_id=job_id, reason=payload.reason,
+               replayed=payload.replayed)
     return Status(204, None)
 
 

@@ -271,16 +271,20 @@ def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, An
     return True
 
 
-def runner_refusal_record(*, host: SandboxHost, job_id: str, reason: str) -> None:
+def runner_refusal_record(*, host: SandboxHost, job_id: str, reason: str, replayed: bool = False) -> None:
     """The runner refused a job (its signature or approval hash did not verify): nothing ran. The
-    step fails with ``job_refused`` and the timeline says why."""
+    step fails with ``job_refused`` and the timeline says why. A job refused as ``replayed`` had
+    already run there once: the timeline says so and the step keeps that run's outcome."""
     try:
         step = _step_of(host, job_id)
     except NotFound:
         log.warning("runner %s refused an unknown job %r: %s", host.name, job_id[:100], reason[:200])
         return
     event_record(session_id=step.session_id, turn_id=step.turn_id, step_id=step.id, type="runner.job_refused",
-                 payload={"runner": host.name, "reason": reason[:500]})
+                 payload={"runner": host.name, "reason": reason[:500], "replayed": replayed})
+    if replayed:
+        log.warning("runner %s was served job %s again (a replay) and refused it", host.name, job_id[:100])
+        return
     if step.status == Step.Status.RUNNING and step.lease_owner == f"runner:{host.name}":
         result = {"status": "failed", "error_code": "job_refused",
                   "output": f"The runner refused the job ({reason[:200]}); nothing ran."}

@@ -1,6 +1,7 @@
 """``python -m agentops.runner --url https://agentops.example --token aor_…``: a customer runner.
 
 Loop: heartbeat → long-poll ``/api/runner/jobs/next`` → verify the signed job (``protocol``) →
+record it in the journal, refused if it ran here before (``journal``: a replay never runs twice) →
 run it in the local bubblewrap sandbox (``tools_app``'s built-ins; no database, no broker) while
 posting progress → upload the result until the server acknowledges it (a re-sent result is
 recorded once). A job that does not verify is reported as refused and never runs. Results not yet
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from agentops.runner.journal import JobJournal
 from agentops.runner.protocol import JobRefused, TokenWithoutKey, split_token, verify_job
 
 log = logging.getLogger("agentops.runner")
@@ -58,6 +60,7 @@ class Runner:
         self.workdir = workdir
         self.state = workdir / "pending-results"
         self.manifests = workdir / "manifests"
+        self.journal = JobJournal(workdir / "jobs-run")
         self.state.mkdir(parents=True, exist_ok=True)
         self.manifests.mkdir(parents=True, exist_ok=True)
         self.wait = wait
@@ -119,7 +122,13 @@ class Runner:
                 self.post(f"/jobs/{job_id}/refused", {"reason": str(exc)})
             return
         if job["type"] == "manifest_check":
-            self.manifest_check(job)
+            self.manifest_check(job)  # reads only: answering one twice changes nothing
+            return
+        self.journal.prune()
+        if not self.journal.record(job_id, float(job["expires_at"])):
+            log.error("refused job %s: it already ran here (replayed)", job_id)
+            self.post(f"/jobs/{job_id}/refused", {"reason": "replayed: this job already ran on this runner",
+                                                   "replayed": True})
             return
         from tools_app.builtin import execute_tool
         from tools_app.sandbox import OutputBatcher, workspace_for, workspace_manifest

@@ -11,8 +11,9 @@ can therefore authenticate as the runner, but cannot sign a job it will run.
 The runner accepts a job only when (1) the signature verifies under its pinned key, (2) it names
 this runner and has not expired, and (3) the run spec it carries hashes to the approval hash it
 carries (the approval's own hash, which the server checked before signing), and that spec
-describes exactly the tool, arguments, timeout and network to run. A compromised network path can
-therefore neither forge a job nor change what an approved job runs.
+describes exactly the tool, arguments, timeout and network to run; and a job runs at most once (the
+runner's journal, ``agentops.runner.journal``, refuses one served again). A compromised network path
+can therefore neither forge a job, nor change what an approved job runs, nor run it twice.
 """
 
 import base64

@@ -99,6 +99,11 @@ class Interceptor:
     def posted(self, path_part: str) -> list[dict[str, Any]]:
         return [json.loads(body or b"{}") for path, body in list(self.seen) if path_part in path]
 
+    def answers(self, job_id: str) -> int:
+        """How many times the runner answered this job: refused it, or posted a result of it."""
+        return sum(1 for path, _ in list(self.seen)
+                   if path.startswith(f"/api/runner/jobs/{job_id}/") and path.endswith(("/refused", "/result")))
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()

@@ -1,6 +1,6 @@
 """A customer runner behind a man in the middle (``runner_kit.Interceptor``: a proxy on its path that
 reads and answers everything, as a broken TLS path would): what it sees must not let it make the
-runner run anything nobody approved."""
+runner run anything nobody approved, nor run an approved job twice."""
 
 import hashlib
 import hmac
@@ -12,9 +12,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentops.runner.protocol import canonical_json, spec_sha256
-from hosts_app.models import SandboxHost
+from hosts_app.models import RunnerResult, SandboxHost
+from sessions_app.models import Event, Step
 from tests.e2e.conftest import Stack, World
-from tests.e2e.runner_kit import Interceptor, RunnerProcs, online
+from tests.e2e.runner_kit import Interceptor, RunnerProcs, approved_command, online
+from tests.helpers import finished
 from tests.waiting import wait_for
 from tools_app.binding import run_spec
 from tools_app.models import ToolDefinition
@@ -57,15 +59,44 @@ def test_a_man_in_the_middle_cannot_make_the_runner_run_a_job_of_its_own(
     for envelope in served:
         interceptor.serve(envelope)
 
-    def answered() -> bool:
-        """The runner answered every served job (refused it, or ran it and posted its result)."""
-        said = {path.split("/")[-2] for path, _ in list(interceptor.seen) if path.endswith(("/refused", "/result"))}
-        return all(e["job"]["job_id"] in said for e in served)
-
-    wait_for(answered, 90, "the runner to answer every job the proxy served")
+    wait_for(lambda: all(interceptor.answers(e["job"]["job_id"]) for e in served), 90,
+             "the runner to answer every job the proxy served (refuse it, or run it and post its result)")
     ran = [e["job"]["session_id"] for e in served
            if (procs.workdir / "workspaces" / e["job"]["session_id"] / "pwned.txt").exists()]
     assert ran == [], "the runner ran a job nobody approved"
     reasons = [body["reason"] for body in interceptor.posted("/refused")]
     assert reasons == ["bad signature"] * len(served)
     assert procs.procs[0].poll() is None  # and it goes on serving
+
+
+def test_a_replayed_job_runs_once_even_after_the_runner_restarts(
+        world: World, stack: Stack, runner_setup: tuple[RunnerProcs, str], interceptor: Interceptor) -> None:
+    """The audit's replay: the proxy served the runner the last real job envelope again (still
+    signed, not expired) and the approved ``date >> count.txt`` ran twice. The runner records each
+    job before running it, in its work directory: served again, by the same process or after a
+    restart, it is refused and reported; the step keeps its one run."""
+    procs, _token = runner_setup
+    procs.start(url=interceptor.url)
+    wait_for(lambda: online("cust-1"), 60, "the runner online through the proxy")
+    session, turn = approved_command(world, "date >> count.txt")
+    turn = finished(turn, timeout=60)
+    assert turn.status == "completed", (turn.error_code, turn.error_message)
+    (envelope,) = [e for e in interceptor.jobs if e["job"]["type"] == "tool"]
+    job_id = envelope["job"]["job_id"]
+    count = procs.workdir / "workspaces" / str(session.id) / "count.txt"
+    assert len(count.read_text().splitlines()) == 1
+
+    interceptor.serve(envelope)  # the same signed job, again, well within its validity
+    wait_for(lambda: interceptor.answers(job_id) == 2 or None, 60, "the runner to answer the replay")
+    assert len(count.read_text().splitlines()) == 1, "the replayed job ran again"
+    procs.kill_all()
+    procs.start(url=interceptor.url)  # a new process, the same work directory
+    interceptor.serve(envelope)
+    wait_for(lambda: interceptor.answers(job_id) == 3 or None, 60, "the restarted runner to answer the replay")
+    assert len(count.read_text().splitlines()) == 1, "the replayed job ran again after a restart"
+    assert [body["replayed"] for body in interceptor.posted(f"/jobs/{job_id}/refused")] == [True, True]
+    step = Step.objects.get(turn=turn, kind="tool")
+    assert step.status == "completed" and RunnerResult.objects.filter(step=step).count() == 1
+    wait_for(lambda: Event.objects.filter(step=step, type="runner.job_refused", payload__replayed=True).count() == 2
+             or None, 30, "both refusals in the timeline")  # the proxy saw the second one before the server
+    assert Step.objects.get(pk=step.pk).status == "completed"
