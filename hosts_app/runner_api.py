@@ -21,6 +21,7 @@ from agentops.asyncdb import database_read
 from agentops.schemas import Out
 from hosts_app import runners
 from hosts_app.models import SandboxHost
+from hosts_app.runner_files import upload_chunk_bytes
 from hosts_app.services import wake_key
 
 router = Router(tags=["runners"])
@@ -36,6 +37,7 @@ class HeartbeatOut(Out):
     name: str
     team: str
     poll_seconds: float
+    upload_chunk_bytes: int  # the most one request may carry of a published file
 
 
 class ProgressIn(Schema):
@@ -49,6 +51,10 @@ class ResultIn(Schema):
 
 class RecordedOut(Out):
     recorded: bool
+
+
+class PartOut(Out):
+    received: int
 
 
 class RefusedIn(Schema):
@@ -86,7 +92,8 @@ def _heartbeat(*, host: SandboxHost, versions: dict[str, Any], self_test: dict[s
 @router.post("/heartbeat", auth=None, response={200: HeartbeatOut, **ERRORS})
 async def runner_heartbeat_api(request: HttpRequest, payload: HeartbeatIn) -> dict[str, Any]:
     host, team = await _act(request, _heartbeat, versions=payload.versions, self_test=payload.self_test)
-    return {"name": host.name, "team": team, "poll_seconds": settings.AGENTOPS_RUNNER_POLL_SECONDS}
+    return {"name": host.name, "team": team, "poll_seconds": settings.AGENTOPS_RUNNER_POLL_SECONDS,
+            "upload_chunk_bytes": upload_chunk_bytes()}
 
 
 @router.post("/jobs/next", auth=None, response={200: dict[str, Any], 204: None, **ERRORS})
@@ -128,6 +135,15 @@ async def runner_job_next_api(request: HttpRequest, wait: float = 20.0) -> Any:
 async def runner_progress_api(request: HttpRequest, job_id: str, payload: ProgressIn) -> Any:
     await _act(request, runners.runner_progress, job_id=job_id, output=payload.output)
     return Status(204, None)
+
+
+@router.post("/jobs/{job_id}/files/{sha256}", auth=None, response={200: PartOut, **ERRORS})
+async def runner_file_part_api(request: HttpRequest, job_id: str, sha256: str, offset: int, size: int) -> Any:
+    """One part of a file the job published: the request's raw body (``application/octet-stream``),
+    ``offset`` into the file of ``size`` bytes. Sent before the result that names the file."""
+    _host, received = await _act(request, runners.runner_file_part, job_id=job_id, sha256=sha256, offset=offset,
+                                 size=size, data=request.body)
+    return {"received": received}
 
 
 @router.post("/jobs/{job_id}/result", auth=None, response={200: RecordedOut, **ERRORS})

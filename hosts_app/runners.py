@@ -8,9 +8,6 @@ the approval is consumed once), then signed (``agentops.runner.protocol``). A re
 job; the first upload is recorded, a re-sent one finds its ``RunnerResult`` and changes nothing.
 """
 
-import base64
-import binascii
-import hashlib
 import logging
 import secrets
 import time
@@ -21,18 +18,17 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.files.base import ContentFile
-from django.core.files.storage import storages
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agentops import dispatch
-from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound
+from agentops.domain import Conflict, DomainError, NotFound
 from agentops.models import Team
 from agentops.runner.protocol import TOKEN_PREFIX, sign, spec_sha256, token_hash, token_with_key
 from agentops.teams import OPERATE_ROLES, require_team_role
 from hosts_app.models import RunnerResult, SandboxHost
+from hosts_app.runner_files import file_part_store, not_uploaded_note, published_files_forget, published_files_store
 from hosts_app.runner_keys import runner_public_key, runner_signing_key
 from hosts_app.services import CHECKING, WAKE_REVOKED, host_heartbeat, runner_wake
 from sessions_app.engine.recovery import _back_to, _in_doubt
@@ -45,7 +41,6 @@ from sessions_app.services import artifact_record
 log = logging.getLogger(__name__)
 
 JOB_TTL_SECONDS = 300
-MAX_FILE_BYTES = 20 * 1024 * 1024
 RUNNER_TOOLS = frozenset({"run_command", "read_file", "write_file", "list_files", "publish_artifact"})
 
 
@@ -222,24 +217,13 @@ def runner_progress(*, host: SandboxHost, job_id: str, output: str) -> None:
                  payload={"index": step.index, "tool": step.tool_name, "output": output[:8000], "runner": host.name})
 
 
-def _store_files(step: Step, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    stored = []
-    storage = storages["artifacts"]
-    for item in files:
-        try:
-            data = base64.b64decode(str(item.get("content_b64", "")), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidArguments("a file's content_b64 is not base64") from exc
-        if len(data) > MAX_FILE_BYTES:
-            raise InvalidArguments("a published file is over the size limit")
-        digest = hashlib.sha256(data).hexdigest()
-        name = f"{step.session_id}/{digest}"
-        if not storage.exists(name):
-            name = storage.save(name, ContentFile(data))
-        stored.append({"path": str(item.get("path", ""))[:500], "size": len(data), "sha256": digest,
-                       "storage_path": name, "content_type": str(item.get("content_type") or
-                                                                 "application/octet-stream")[:120]})
-    return stored
+def runner_file_part(*, host: SandboxHost, job_id: str, sha256: str, offset: int, size: int, data: bytes) -> int:
+    """One part of a file the job published (``hosts_app.runner_files``); ignored once the job's
+    result is recorded (a result sent again after a lost acknowledgement re-sends its parts)."""
+    step = _step_of(host, job_id)
+    if RunnerResult.objects.filter(job_id=job_id).exists():
+        return offset + len(data)
+    return file_part_store(step=step, job_id=job_id, sha256=sha256, offset=offset, size=size, data=data)
 
 
 def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, Any],
@@ -248,7 +232,10 @@ def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, An
     changes). A result for a step no longer running for this runner (cancelled, in doubt) is kept
     as received but changes no step."""
     step = _step_of(host, job_id)
-    stored = _store_files(step, files)
+    if RunnerResult.objects.filter(job_id=job_id).update(deliveries=F("deliveries") + 1):
+        published_files_forget(step=step, job_id=job_id, files=files)
+        return False
+    stored, missing = published_files_store(step=step, job_id=job_id, files=files)
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -263,6 +250,9 @@ def runner_result_record(*, host: SandboxHost, job_id: str, result: dict[str, An
                                                 "error_code", "error_message", "stdout", "stderr", "truncated")
                      if k in result}
             clean["status"] = "completed" if result.get("status") == "completed" else "failed"
+            if missing:  # said where the reviewer and the model read it
+                clean["output"] = f"{clean.get('output') or ''}{not_uploaded_note(missing)}"
+                clean["files_not_uploaded"] = missing
             moved = tool_step_record(step=step, result=clean, workspace=None)
             if moved is not None:
                 for item in stored:

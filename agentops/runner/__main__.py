@@ -9,7 +9,6 @@ acknowledged are kept in ``--state`` and sent again after a restart or a reconne
 """
 
 import argparse
-import base64
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import httpx
 
 from agentops.runner.journal import JobJournal
 from agentops.runner.protocol import JobRefused, TokenWithoutKey, split_token, verify_job
+from agentops.runner.results import refused_for_good, result_forget, result_keep, result_replace
 
 log = logging.getLogger("agentops.runner")
 
@@ -65,6 +65,7 @@ class Runner:
         self.manifests.mkdir(parents=True, exist_ok=True)
         self.wait = wait
         self.name = ""
+        self.chunk_bytes = 256 * 1024  # until the server says how much a request may carry
         self.http = httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=wait + 30)
         self.stop = threading.Event()
 
@@ -81,7 +82,9 @@ class Runner:
         body = {"versions": {"python": sys.version.split()[0], "runner": "1"}, "self_test": sandbox_status()}
         response = self.post("/heartbeat", body)
         response.raise_for_status()
-        self.name = response.json()["name"]
+        answer = response.json()
+        self.name = answer["name"]
+        self.chunk_bytes = int(answer.get("upload_chunk_bytes") or self.chunk_bytes)
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(5):
@@ -92,19 +95,57 @@ class Runner:
             except httpx.HTTPError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    def upload(self, job_id: str, folder: Path, item: dict[str, Any]) -> dict[str, Any]:
+        """Send one published file in parts the server takes; what the result says of it (with
+        ``not_uploaded`` when the server refused it for good). httpx.HTTPError: try again later."""
+        meta = {"path": item["path"], "size": item["size"], "sha256": item["sha256"]}
+        offset = 0
+        with (folder / item["copy"]).open("rb") as source:
+            while True:
+                chunk = source.read(self.chunk_bytes)
+                response = self.http.post(f"{self.url}/api/runner/jobs/{job_id}/files/{item['sha256']}",
+                                          content=chunk, params={"offset": offset, "size": item["size"]},
+                                          headers={"Content-Type": "application/octet-stream"})
+                if response.status_code == 401:
+                    raise PermissionError(f"the server refused this runner's token: {response.text[:300]}")
+                if refused_for_good(response.status_code):
+                    log.error("%s of %s refused: %s %s", item["path"], job_id, response.status_code,
+                              response.text[:200])
+                    return {**meta, "not_uploaded": f"the server refused it ({response.status_code}: "
+                                                    f"{_message(response)})"}
+                response.raise_for_status()
+                offset += len(chunk)
+                if offset >= item["size"] or not chunk:
+                    return meta
+
     def deliver(self, path: Path) -> bool:
-        """Send one kept result until the server acknowledges it (True), or give up for now."""
+        """Send one kept result, its files first, until the server acknowledges it (True), or give
+        up for now (False: a connection error or a 5xx, tried again). A result the server refuses
+        for good (a 4xx) is replaced by a short failure saying so, which is sent instead: the step
+        must not stay running, nor the runner stop polling, for a result that can never go."""
         doc = json.loads(path.read_text())
+        job_id = doc["job_id"]
         try:
-            response = self.post(f"/jobs/{doc['job_id']}/result", {"result": doc["result"], "files": doc["files"]})
-        except httpx.HTTPError as exc:
-            log.warning("result of %s not delivered yet: %s", doc["job_id"], exc)
+            files = [self.upload(job_id, path.with_suffix(".files"), item) for item in doc["files"]]
+            response = self.post(f"/jobs/{job_id}/result", {"result": doc["result"], "files": files})
+        except (httpx.HTTPError, OSError) as exc:
+            log.warning("result of %s not delivered yet: %s", job_id, exc)
             return False
         if response.status_code in (200, 404):  # 404: the job is gone (session deleted)
-            path.unlink(missing_ok=True)
+            result_forget(path)
             return True
-        log.warning("result of %s refused: %s %s", doc["job_id"], response.status_code, response.text[:200])
-        return False
+        if not refused_for_good(response.status_code):
+            log.warning("result of %s not taken yet: %s %s", job_id, response.status_code, response.text[:200])
+            return False
+        log.error("result of %s refused for good: %s %s", job_id, response.status_code, response.text[:200])
+        if doc.get("refused"):  # even the short failure: nothing more to say
+            result_forget(path)
+            return True
+        result_replace(path, {"job_id": job_id, "files": [], "refused": True, "result": {
+            "status": "failed", "error_code": "result_refused",
+            "output": f"The job ran on runner {self.name}, but the server refused its result "
+                      f"({response.status_code}: {_message(response)}); the runner dropped it."}})
+        return self.deliver(path)
 
     def deliver_pending(self) -> None:
         for path in sorted(self.state.glob("*.json")):
@@ -149,14 +190,7 @@ class Runner:
                               timeout_seconds=job["timeout_seconds"], network=job["network"],
                               idempotency_key=job_id, manifest_before=manifest,
                               live=OutputBatcher(progress, interval=0.5, max_bytes=64_000, max_batches=200))
-        payload = result.to_dict()
-        files = []
-        for item in payload.get("published_files") or []:
-            target = (workspace / str(item.get("path", ""))).resolve()
-            if target.is_relative_to(workspace.resolve()) and target.is_file():
-                files.append({"path": item["path"], "content_b64": base64.b64encode(target.read_bytes()).decode()})
-        kept = self.state / f"{job_id.replace(':', '_')}.json"
-        kept.write_text(json.dumps({"job_id": job_id, "result": payload, "files": files}))
+        kept = result_keep(self.state, job_id, workspace, result.to_dict())
         failpoint = os.environ.get("AGENTOPS_RUNNER_FAILPOINT_BEFORE_RESULT", "")
         if failpoint:  # tests: the connection drops before the result is sent
             Path(failpoint).touch()
@@ -198,6 +232,13 @@ class Runner:
                 self.stop.wait(1)
                 self.deliver_pending()
         return 3 if self.stop.is_set() else 0
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", ""))[:300]
+    except (ValueError, AttributeError):
+        return response.text[:300]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,7 @@ MATRIX: list[tuple[str, str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("api", "POST", "/api/runner/heartbeat", {}, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/next?wait=0", None, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/{job}/progress", {"output": "x"}, RUNNER_ONLY),
+    ("api", "POST", "/api/runner/jobs/{job}/files/{sha}?offset=0&size=2", {}, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/{job}/result", {"result": {}}, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/{job}/refused", {"reason": "x"}, RUNNER_ONLY),
     ("api", "POST", "/api/runner/jobs/{job}/manifest", {"changed": True}, RUNNER_ONLY),
@@ -287,7 +288,8 @@ def test_matrix_covers_every_route_and_prints_its_size() -> None:
                   .replace("{client}", "{session_id}").replace("{turn}", "{turn_id}")
                   .replace("{artifact}", "{artifact_id}").replace("{request}", "{request_id}")
                   .replace("{grant}", "{grant_id}").replace("{secret}", "{secret_id}")
-                  .replace("{runner}", "{name}").replace("{job}", "{job_id}").replace("{batch}", "{batch_id}"))
+                  .replace("{runner}", "{name}").replace("{job}", "{job_id}").replace("{batch}", "{batch_id}")
+                  .replace("{sha}", "{sha256}"))
                  for m, p in declared_api}
     assert operations == normalise, operations ^ normalise
 
