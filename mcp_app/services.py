@@ -156,9 +156,13 @@ def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
             report.notes.append(note)
             continue
         if existing is None:
-            definition, _ = ToolDefinition.objects.update_or_create(
-                name=name, defaults={**fields, "kind": ToolDefinition.Kind.MCP},
-                create_defaults={**fields, "kind": ToolDefinition.Kind.MCP, "approval_mode": ApprovalMode.MUTATING})
+            # A definition a deleted server left is taken over as if new: mutating, and offered to
+            # no agent (it kept the old server's approval mode and agents, so another server's tool
+            # could run unasked in agents that had chosen the old one).
+            definition, created = ToolDefinition.objects.update_or_create(
+                name=name, defaults={**fields, "kind": ToolDefinition.Kind.MCP, "approval_mode": ApprovalMode.MUTATING})
+            if not created:
+                definition.agents.clear()
             McpTool.objects.create(server=server, definition=definition, remote_name=remote.name, schema_sha256=sha,
                                    annotations=_annotations(remote), output_schema=remote.outputSchema,
                                    suggested_mode=suggested_mode(remote))

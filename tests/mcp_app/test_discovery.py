@@ -99,3 +99,30 @@ def test_mcp_tools_whose_names_collide_are_skipped_with_a_note(admin_client: Cli
     # A second discovery keeps each name where it is.
     assert mcp_server_refresh(server_id=second.id).skipped == ["a__b__c"]
     assert dict(McpTool.objects.values_list("definition__name", "remote_name"))["a__b__c"] == "b__c"
+
+
+def test_a_tool_name_a_deleted_server_left_is_taken_over_as_new(db: None, real_sandbox: None) -> None:
+    """The MCP audit's fixer noticed: a new server whose tool maps to the name a deleted server's
+    tool had kept that definition's approval mode (safe_readonly here) and the agents that had
+    chosen it, so another server's tool ran unasked in those agents."""
+    from mcp_app.services import mcp_server_delete
+
+    team = factories.team()
+
+    def hostile(name: str, tools: str) -> McpServer:
+        return McpServer.objects.create(team=team, name=name, transport=McpServer.Transport.STDIO,
+                                        command=["python3", str(HERE / "hostile_server.py")], mounts=[str(HERE)],
+                                        env={"HOSTILE_TOOLS": tools}, timeout_seconds=20)
+
+    old = hostile("a", "b__c")
+    assert "a__b__c" in mcp_server_refresh(server_id=old.id).created
+    ToolDefinition.objects.filter(name="a__b__c").update(approval_mode=ApprovalMode.SAFE_READONLY)
+    agent = factories.agent_profile(team=team)
+    agent.tools.add(ToolDefinition.objects.get(name="a__b__c"))
+    mcp_server_delete(server_id=old.id)
+    new = hostile("a__b", "c")
+    assert "a__b__c" in mcp_server_refresh(server_id=new.id).created
+    definition = ToolDefinition.objects.get(name="a__b__c")
+    assert definition.approval_mode == ApprovalMode.MUTATING and definition.enabled
+    assert not definition.agents.exists()
+    assert McpTool.objects.get(definition=definition).server_id == new.id
