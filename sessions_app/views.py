@@ -120,15 +120,16 @@ def _session_to_operate(request: AuthedRequest, session_id: UUID) -> AgentSessio
         raise DjangoPermissionDenied(exc.message) from exc
 
 
-def _act(request: HtmxHttpRequest, session_id: UUID, action: Callable[[], object], *, success: str) -> HttpResponse:
-    """Run an operator's action on the session: its refusal (a DomainError) or ``success`` as a
-    flash message, then back to the session's page."""
+def _act(request: HtmxHttpRequest, session_id: UUID, action: Callable[[], object], *,
+         success: str | Callable[[], str]) -> HttpResponse:
+    """Run an operator's action on the session: its refusal (a DomainError) or ``success`` (text,
+    or a callable that says what happened) as a flash message, then back to the session's page."""
     try:
         action()
     except DomainError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, success)
+        messages.success(request, success() if callable(success) else success)
     return _back_to_session(request, session_id)
 
 
@@ -214,13 +215,19 @@ def session_cancel_view(request: HtmxHttpRequest, session_id: UUID) -> HttpRespo
 def turn_retry_view(request: HtmxHttpRequest, session_id: UUID, turn_id: UUID) -> HttpResponse:
     _session_to_operate(request, session_id)
 
+    was_active = []
+
     def retry() -> None:
         turn = selectors.turn_get(turn_id, user=request.user)
         if turn.session_id != session_id:
             raise NotFound(f"No turn {turn_id} in this session")
+        was_active.append(turn.is_active)
         turn_retry(turn_id=turn.id, actor=request.user)
 
-    return _act(request, session_id, retry, success="The turn runs again.")
+    # A retry of a turn that is still at work is a replay (a second click): it said "The turn runs
+    # again." of a turn waiting for its approval, and nothing happened (a tenancy audit).
+    return _act(request, session_id, retry, success=lambda: "This turn is still at work: nothing to retry."
+                if was_active and was_active[0] else "The turn runs again.")
 
 
 @require_POST

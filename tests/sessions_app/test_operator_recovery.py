@@ -167,3 +167,17 @@ def test_dashboard_retry_button_and_budget_form(operator: User) -> None:
     assert Turn.objects.get(pk=turn.pk).status == "queued"
     page = browser.get(f"/sessions/{turn.session_id}/").content.decode()
     assert retry_url not in page  # queued again: nothing to retry
+
+
+@pytest.mark.django_db
+def test_the_page_says_when_a_retried_turn_is_still_at_work(operator: User) -> None:
+    """A tenancy audit: Retry posted again on a turn waiting for its approval said "The turn runs
+    again." and nothing happened (the retry of an active turn is a replay)."""
+    turn = _failed_turn(operator)
+    browser = login(operator)
+    url = f"/sessions/{turn.session_id}/turns/{turn.id}/retry/"
+    first = browser.post(url, follow=True).content.decode()
+    assert "The turn runs again." in first and Turn.objects.get(pk=turn.pk).status == "queued"
+    again = browser.post(url, follow=True).content.decode()
+    assert "This turn is still at work: nothing to retry." in again and "The turn runs again." not in again
+    assert Event.objects.filter(turn=turn, type="turn.retried").count() == 1
