@@ -1,6 +1,7 @@
 """Batch pages: the list, the start form (paste or upload), and a batch's live progress (htmx polling)."""
 
 import json
+from typing import Any
 from uuid import UUID
 
 from django.contrib import messages
@@ -55,14 +56,18 @@ def batch_create_view(request: AuthedRequest) -> HttpResponse:
     return _list(request, form, status=422)
 
 
+def _batch_or_404(request: AuthedRequest, batch_id: UUID) -> Any:
+    try:
+        return selectors.batch_get(batch_id, user=request.user)
+    except NotFound as exc:
+        raise Http404("No such batch") from exc
+
+
 @require_GET
 @login_required
 @permission_required(VIEW_SESSIONS, raise_exception=True)
 def batch_detail_view(request: HtmxHttpRequest, batch_id: UUID) -> HttpResponse:
-    try:
-        batch = selectors.batch_get(batch_id, user=request.user)
-    except NotFound as exc:
-        raise Http404("No such batch") from exc
+    batch = _batch_or_404(request, batch_id)
     context = {"nav": "batches", "batch": batch, "progress": selectors.batch_progress(batch),
                "members": selectors.batch_members(batch), "can_operate": has_perm(request.user, OPERATE_SESSIONS)}
     if request.htmx:
@@ -74,10 +79,7 @@ def batch_detail_view(request: HtmxHttpRequest, batch_id: UUID) -> HttpResponse:
 @login_required
 @permission_required(OPERATE_SESSIONS, raise_exception=True)
 def batch_cancel_view(request: AuthedRequest, batch_id: UUID) -> HttpResponse:
-    try:
-        batch = selectors.batch_get(batch_id, user=request.user)
-    except NotFound as exc:
-        raise Http404("No such batch") from exc
+    batch = _batch_or_404(request, batch_id)
     try:
         cancelled = batches.batch_cancel(batch=batch, actor=request.user)
     except PermissionDenied as exc:

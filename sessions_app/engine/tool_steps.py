@@ -6,7 +6,7 @@ the step approved → running with a lease and consumes its approval in the same
 what was approved runs exactly once. The run happens outside any transaction; the record is a
 second short one.
 
-Kept whole (~480 lines): gate, claim, run and record share the step's private checks (the run
+Kept whole (~490 lines): gate, claim, run and record share the step's private checks (the run
 spec's hash, the secret references, the lease) and are read top to bottom as one path; the other
 tool sources (MCP runners, engine tools, sandbox hosts) plug in through hooks and live apart.
 """
