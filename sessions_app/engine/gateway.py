@@ -35,7 +35,6 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
@@ -46,6 +45,7 @@ from django.db import connection
 from agentops.dispatch import MODEL_GROUP, MODEL_STREAM
 from sessions_app.engine import llm
 from sessions_app.engine.compaction import compaction_record_atomic, compaction_request
+from sessions_app.engine.dbpool import DbPool
 from sessions_app.engine.model_step import Conversation, Ticked, model_failure_record, model_reply_apply
 from sessions_app.engine.prohibitions import calls_to_check, checks_parse, checks_unavailable, prohibitions_request
 from sessions_app.engine.tick import INLINE_SECONDS, Claimed, turn_tick
@@ -61,7 +61,6 @@ T = TypeVar("T")
 
 READ_BATCH = 100
 BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
-HOLD_MAX_SECONDS = 0.5  # and reads what no one has taken, without waiting, once it has not read for this long
 HEARTBEAT_SECONDS = 10.0
 READER_IDLE_MS = 5000  # a consumer of the group that read this recently is a gateway reading the stream
 HEARTBEAT_KEY = "agentops:gateway:"
@@ -120,9 +119,8 @@ class Gateway:
         self.watch_seconds = watch_seconds or settings.AGENTOPS_GATEWAY_WATCH_SECONDS
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.db_threads = _db_threads(db_threads or settings.AGENTOPS_GATEWAY_DB_THREADS)
-        self._executor = None if db_in_loop else ThreadPoolExecutor(self.db_threads, thread_name_prefix="gateway-db")
+        self._executor = None if db_in_loop else DbPool(self.db_threads)
         self.db_waiting = 0  # database calls submitted and not finished (running or queued)
-        self._read_at = time.monotonic()  # when the stream was last read
         self._clients_per_endpoint = clients_per_endpoint
         self.clients: llm.ModelClients | None = None
         self.held: dict[uuid.UUID, str] = {}  # model steps this gateway drives now → their lease owner
@@ -139,30 +137,36 @@ class Gateway:
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run synchronous database work in one of the gateway's threads."""
+        return await self._db(fn, args, kwargs, first=False)
+
+    async def db_first(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``db``, ahead of the work queued for the turns already driven (``dbpool``): a turn's
+        first tick when the gateway takes it from the stream."""
+        return await self._db(fn, args, kwargs, first=True)
+
+    async def _db(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], *, first: bool) -> T:
         if self._executor is None:
             return _db_call(fn, args, kwargs)  # on the loop's thread (a test's), the connection handed back too
-        loop = asyncio.get_running_loop()
         self.db_waiting += 1
         try:
-            return await loop.run_in_executor(self._executor, partial(_db_call, fn, args, kwargs))
+            return await asyncio.wrap_future(self._executor.submit(partial(_db_call, fn, args, kwargs), first=first))
         finally:
             self.db_waiting -= 1
 
     def _takes(self, free: int) -> tuple[int, int | None]:
         """How many new entries to read now, and how long to wait for them (ms; None: not at all).
-        None while the database threads have a queue of their own work: the replies in
-        flight come first, and another gateway with idle threads (waiting on the stream) takes
-        the new turns. Before, two gateways reading 100 entries at a time split a burst of new
-        sessions by who got the CPU first, and the one that took most drove them at twice the
-        other's load. A busy gateway still reads, without waiting, the entries no one has
-        taken, once every ``HOLD_MAX_SECONDS`` (its share of them, ``_share``): a new turn is never
-        left behind for long."""
-        takes = max(0, min(free, READ_BATCH, 2 * self.db_threads - self.db_waiting))
-        if takes > 0:
-            return takes, 1000
-        if free > 0 and time.monotonic() - self._read_at > HOLD_MAX_SECONDS:
-            return min(free, READ_BATCH), None
-        return 0, None
+        A gateway with a database thread idle waits on the stream; one whose threads are all at
+        work reads, without waiting, its share of the entries nobody has read (``_share``), every
+        ``BUSY_PAUSE_SECONDS``: their first ticks go ahead of its other database work
+        (``db_first``), and a gateway waiting on the stream is handed a new entry first (Redis
+        serves a blocked read at once). Before, a busy gateway read at most what its threads
+        could start at once (twice their number, less its queue): in a burst of new sessions the
+        entries waited on the stream, not in the gateways, ~2.9 s each (bench/concurrency.py
+        N = 1,000, sessions created at 290 a second; their ticks took 10 ms)."""
+        takes = max(0, min(free, READ_BATCH))
+        if takes <= 0:
+            return 0, None
+        return takes, (1000 if self.db_waiting < self.db_threads else None)
 
     async def _share(self, client: aioredis.Redis, most: int) -> int:
         """A busy gateway's read of the entries nobody has read: its share of them (the unread
@@ -201,7 +205,7 @@ class Gateway:
             return not self.stopping() and now <= deadline and (now - started <= INLINE_SECONDS or not self.full())
 
         # The first tick claims what it can (a turn handed back takes a step at each new drive).
-        claimed, convo = await self.db(_tick_and_load, turn_id, fresh=not self.stopping(), session_id=session_id,
+        claimed, convo = await self.db_first(_tick_and_load, turn_id, fresh=not self.stopping(), session_id=session_id,
                                        deadline=deadline)
         if on_ticked is not None:
             await on_ticked()
@@ -319,7 +323,7 @@ class Gateway:
 
     async def step_handle(self, step_id: str, *, on_ticked: Callable[[], Awaitable[None]] | None = None) -> None:
         """Handle one stream entry: drive the turn of a planned model step."""
-        turn_id = await self.db(turn_id_of_step, step_id)
+        turn_id = await self.db_first(turn_id_of_step, step_id)
         if turn_id is None:  # the session was deleted meanwhile
             if on_ticked is not None:
                 await on_ticked()
@@ -354,7 +358,6 @@ class Gateway:
                     continue
                 if block is None:
                     takes = await self._share(client, takes)
-                self._read_at = time.monotonic()
                 try:
                     batches = await client.xreadgroup(MODEL_GROUP, self.name, {MODEL_STREAM: ">"},
                                                       count=takes, block=block)

@@ -179,13 +179,13 @@ def test_a_new_turn_reaches_the_model_after_one_database_call(
     token = uuid.uuid4().hex
     gateway, thread = run_in_thread(concurrency=10, db_threads=1, reclaim_after_seconds=30)
     calls: list[tuple[float, str]] = []
-    db = gateway.db
+    db = gateway._db
 
-    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counted(fn: Any, args: Any, kwargs: Any, *, first: bool) -> Any:
         calls.append((time.time(), getattr(fn, "__qualname__", repr(fn))))
-        return await db(fn, *args, **kwargs)
+        return await db(fn, args, kwargs, first=first)
 
-    gateway.db = counted  # type: ignore[method-assign]
+    gateway._db = counted  # type: ignore[method-assign]
     try:
         _, turn = session_start(agent=engine_agent, owner=owner, input=f"say first {token}")
         assert turn is not None
@@ -329,11 +329,11 @@ def test_gateway_leaves_one_pooled_connection_for_its_announcer(monkeypatch: pyt
 
     options = {**settings.DATABASES["default"].get("OPTIONS", {}), "pool": {"min_size": 1, "max_size": 8}}
     monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
-    assert Gateway(db_threads=8)._executor._max_workers == 7  # type: ignore[union-attr]
-    assert Gateway(db_threads=12)._executor._max_workers == 7  # type: ignore[union-attr]
-    assert Gateway(db_threads=4)._executor._max_workers == 4  # type: ignore[union-attr]
+    assert Gateway(db_threads=8)._executor.size == 7  # type: ignore[union-attr]
+    assert Gateway(db_threads=12)._executor.size == 7  # type: ignore[union-attr]
+    assert Gateway(db_threads=4)._executor.size == 4  # type: ignore[union-attr]
     monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", {})  # no pool (SQLite): as asked
-    assert Gateway(db_threads=8)._executor._max_workers == 8  # type: ignore[union-attr]
+    assert Gateway(db_threads=8)._executor.size == 8  # type: ignore[union-attr]
 
 
 def _long_turn_driven(agent: AgentProfile, owner: User, token: str, *, concurrency: int) -> Turn:

@@ -262,13 +262,13 @@ def test_a_reply_takes_one_trip_through_the_gateways_database_threads(
     from sessions_app.engine.prohibitions import calls_to_check
 
     trips: list[str] = []
-    db = gateway_module.Gateway.db
+    db = gateway_module.Gateway._db
 
-    async def counted(self: gateway_module.Gateway, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counted(self: gateway_module.Gateway, fn: Any, args: Any, kwargs: Any, *, first: bool) -> Any:
         trips.append(getattr(fn, "__name__", repr(fn)))
-        return await db(self, fn, *args, **kwargs)
+        return await db(self, fn, args, kwargs, first=first)
 
-    monkeypatch.setattr(gateway_module.Gateway, "db", counted)
+    monkeypatch.setattr(gateway_module.Gateway, "_db", counted)
     hold_streamed_text(monkeypatch)
     script = "\n".join([tool("list_files", path=".")] * 2 + ["say done"])
     session = session_create(agent=engine_agent, owner=owner, title="trips")
