@@ -12,7 +12,6 @@ queue, a dead Redis or an exiting process costs nothing but a re-read.
 """
 
 import asyncio
-import json
 import logging
 import queue
 import threading
@@ -24,6 +23,8 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections, connection
+
+from agentops import jsontext
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +338,7 @@ def _append(relayed: list[tuple[int, tuple[float, dict[str, Any]]]]) -> int:
     if layer is None:  # groups elsewhere: relay everything, the announcer asks who listens
         pipe = client.pipeline(transaction=False)
         for shard, (committed, event) in relayed:
-            pipe.xadd(relay_stream(shard), {"e": json.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
+            pipe.xadd(relay_stream(shard), {"e": jsontext.dumps(event), "c": repr(committed)}, maxlen=RELAY_MAXLEN,
                       approximate=True)
         pipe.execute()
         return len(relayed)
@@ -349,7 +350,7 @@ def _append(relayed: list[tuple[int, tuple[float, dict[str, Any]]]]) -> int:
     items: list[Any] = []
     for shard, (committed, event) in relayed:
         groups = ",".join(str(key(layer._group_key(group))) for group in _groups_of(event))
-        items += [key(relay_stream(shard)), groups, json.dumps(event), repr(committed)]
+        items += [key(relay_stream(shard)), groups, jsontext.dumps(event), repr(committed)]
     script = _relay_script.get(id(client))
     if script is None:
         script = _relay_script[id(client)] = client.register_script(RELAY_LISTENED_SCRIPT)  # EVALSHA

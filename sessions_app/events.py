@@ -6,7 +6,6 @@ rolled-back writer rolls back its seq too. Events are written in the caller's tr
 announced on the channel layer after commit.
 """
 
-import json
 import uuid
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -14,10 +13,10 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentops import jsontext
 from agentops.domain import NotFound
 from sessions_app import announce
 from sessions_app.models import AgentSession, Event
@@ -62,10 +61,21 @@ def events_record_first(*, session: AgentSession, events: list[tuple[str, Mappin
     """Insert the first events of a session this transaction has just created, seqs 1..n, in one
     statement. Only for a new session (no one else can write to it yet); its ``last_seq`` must
     already be n. ``events`` are (type, payload, turn_id)."""
-    now = timezone.now()
-    rows = [Event(session_id=session.id, seq=seq, type=type_, payload=dict(payload), turn_id=turn_id, created_at=now)
-            for seq, (type_, payload, turn_id) in enumerate(events, start=1)]
+    rows = events_first(session=session, events=events)
     Event.objects.bulk_create(rows)
+    events_first_announce(rows)
+
+
+def events_first(*, session: AgentSession,
+                 events: list[tuple[str, Mapping[str, Any], uuid.UUID | None]]) -> list[Event]:
+    """``events_record_first``'s rows, unsaved (for a caller that inserts them with others)."""
+    now = timezone.now()
+    return [Event(session_id=session.id, seq=seq, type=type_, payload=dict(payload), turn_id=turn_id, created_at=now)
+            for seq, (type_, payload, turn_id) in enumerate(events, start=1)]
+
+
+def events_first_announce(rows: list[Event]) -> None:
+    """Announce a new session's first events once the transaction that inserted them commits."""
     transaction.on_commit(partial(announce.announce_committed, [event.as_dict() for event in rows]), robust=True)
 
 
@@ -88,7 +98,7 @@ def _insert_postgres(session_id: uuid.UUID | str, type: str, payload: dict[str, 
     sid = uuid.UUID(str(session_id))
     tid = uuid.UUID(str(turn_id)) if turn_id else None
     stid = uuid.UUID(str(step_id)) if step_id else None
-    text = json.dumps(payload, cls=DjangoJSONEncoder)
+    text = jsontext.dumps(payload)
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + 1, {SET_LAST_EVENT_AT} WHERE id = %s "
@@ -100,6 +110,6 @@ def _insert_postgres(session_id: uuid.UUID | str, type: str, payload: dict[str, 
     if row is None:
         raise NotFound(f"No session {session_id}")
     event = Event(id=row[0], session_id=sid, seq=row[1], type=type, turn_id=tid, step_id=stid,
-                  payload=json.loads(text), created_at=now)
+                  payload=jsontext.loads(text), created_at=now)
     event._state.adding = False
     return event

@@ -11,7 +11,6 @@ It guards like the transition services: every ``StepChange`` is checked against 
 ``planned``. The session row is locked first (the lock order of ``sessions_app.locks``).
 """
 
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,15 +18,16 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentops import jsontext
 from agentops.domain import InvalidTransition, NotFound
 from sessions_app import announce
 from sessions_app.events import EVENTS_TABLE, SESSIONS_TABLE, SET_LAST_EVENT_AT, db_uuid, last_event_at_params
 from sessions_app.models import Event, Step, Turn
+from sessions_app.rows import rows_json
 
 COUNTERS = ("model_calls", "tool_calls", "prompt_tokens", "completion_tokens")
 # What the write returns: the counters and the budgets, so the caller can check the next step.
@@ -88,7 +88,7 @@ def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Se
     add = [int(counters.pop(name, 0)) for name in COUNTERS]
     if counters:
         raise TypeError(f"unknown counters {sorted(counters)}")
-    dumped = [json.dumps(payload, cls=DjangoJSONEncoder) for _, _, payload in events]
+    dumped = [jsontext.dumps(payload) for _, _, payload in events]
     write = _write_postgres if connection.vendor == "postgresql" else _write_portable
     written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts, workspace)
     if written is None:
@@ -96,7 +96,7 @@ def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Se
     last_seq, values, changed = written
     first_seq = last_seq - len(events) + 1
     announced = [{"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
-                  "step_id": str(step_id) if step_id else None, "payload": json.loads(text),
+                  "step_id": str(step_id) if step_id else None, "payload": jsontext.loads(text),
                   "created_at": now.isoformat()}
                  for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True))]
     transaction.on_commit(partial(announce.announce_committed, announced), robust=True)
@@ -142,23 +142,6 @@ def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
     return row[0], tuple(row[1:]), changed
 
 
-def _json_default(value: Any) -> Any:
-    """JSON for a column value as PostgreSQL reads it back: ids as text, times in full (Django's
-    encoder cuts microseconds)."""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return DjangoJSONEncoder().default(value)
-
-
-def _step_rows(steps: Sequence[Step]) -> str:
-    """New steps as the JSON array ``jsonb_populate_recordset`` reads: every column, as the ORM
-    would store it (``auto_now`` stamps included); a null JSON value stays SQL NULL."""
-    rows = [{field.column: field.pre_save(step, True) for field in Step._meta.concrete_fields} for step in steps]
-    return json.dumps(rows, default=_json_default)
-
-
 def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
                     step_inserts: Sequence[Step], workspace: str | None) -> _Written:
@@ -168,7 +151,8 @@ def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
     (prepared once per connection, ``DATABASE_PREPARE_THRESHOLD``) and its parameters few."""
     quote = connection.ops.quote_name
     events_json = "[" + ", ".join(
-        f'{{"ord": {i}, "type": {json.dumps(type_)}, "step_id": {json.dumps(str(step_id) if step_id else None)}, '
+        f'{{"ord": {i}, "type": {jsontext.dumps(type_)}, '
+        f'"step_id": {jsontext.dumps(str(step_id) if step_id else None)}, '
         f'"payload": {text}}}' for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True),
                                                                           start=1)) + "]"
     # Each CTE with its parameters, in the order of the text.
@@ -185,7 +169,7 @@ def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
          f"FROM s, t, jsonb_to_recordset(%s::jsonb) AS v(ord int, type text, step_id uuid, payload jsonb))",
          [session_id, len(events), now, events_json]),
         (f"i AS (INSERT INTO {_STEPS} ({_STEP_COLUMNS}) SELECT {_STEP_COLUMNS_OF_R} FROM s, "
-         f"jsonb_populate_recordset(NULL::{_STEPS}, %s::jsonb) AS r)", [_step_rows(step_inserts)]),
+         f"jsonb_populate_recordset(NULL::{_STEPS}, %s::jsonb) AS r)", [rows_json(step_inserts)]),
     ]
     changed = []
     for k, change in enumerate(step_changes):
