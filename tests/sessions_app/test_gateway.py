@@ -462,3 +462,33 @@ def test_a_busy_gateway_takes_its_share_of_the_unread_entries() -> None:
             await client.aclose()
 
     assert asyncio.run(shares()) == (12, 5, 1, 7)
+
+
+def test_a_gateway_takes_new_turns_up_to_its_share_of_the_gateways_load() -> None:
+    """Each gateway says how many turns it drives before it reads (``LOAD_KEY``); one that drives
+    more than the mean plus ``BALANCE_SLACK`` leaves new turns to the others (a run split 59/41
+    before, the busier one finishing alone). A load not said for a while is a gateway gone."""
+    from django.conf import settings
+
+    from sessions_app.engine.gateway import BALANCE_SLACK, LOAD_FRESH_SECONDS, LOAD_KEY, READ_BATCH, Gateway
+
+    async def room(in_flight: int, others: dict[str, str]) -> int:
+        client = aioredis.from_url(settings.REDIS_URL)
+        try:
+            await client.delete(LOAD_KEY)
+            if others:
+                await client.hset(LOAD_KEY, mapping=others)
+            gateway = Gateway(name="me", db_threads=1)
+            gateway.in_flight = in_flight
+            return await gateway._room(client)
+        finally:
+            await client.delete(LOAD_KEY)
+            await client.aclose()
+
+    now = time.time()
+    assert asyncio.run(room(20, {})) == READ_BATCH  # alone
+    assert asyncio.run(room(20, {"other": f"0 {now:.3f}"})) == 0  # mean 10: 20 > 10 + slack
+    assert asyncio.run(room(0, {"other": f"20 {now:.3f}"})) == 10 + BALANCE_SLACK
+    assert asyncio.run(room(12, {"b": f"12 {now:.3f}", "c": f"12 {now:.3f}"})) == BALANCE_SLACK
+    gone = f"0 {now - LOAD_FRESH_SECONDS - 1:.3f}"
+    assert asyncio.run(room(20, {"other": gone})) == READ_BATCH
