@@ -207,11 +207,26 @@ class Runner:
             changed = workspace_changed_since(workspace_for(job["session_id"]), json.loads(saved.read_text()))
         self.post(f"/jobs/{job['job_id']}/manifest", {"changed": changed})
 
+    def connect(self) -> bool:
+        """The first heartbeat, tried again until the server answers (a runner started before
+        its server, or while the network is down, waits for it: it stopped with a traceback);
+        False: the token was refused, or the runner was asked to stop meanwhile."""
+        pause = 1.0
+        while not self.stop.is_set():
+            try:
+                self.heartbeat()
+                return True
+            except PermissionError as exc:
+                log.error("%s; stopping", exc)
+                return False
+            except (httpx.HTTPError, ValueError, KeyError) as exc:  # unreachable, a 5xx, not agentops
+                log.warning("cannot reach %s yet (%s); trying again in %.0f s", self.url, exc, pause)
+                self.stop.wait(pause)
+                pause = min(pause * 2, 30.0)
+        return False
+
     def serve(self) -> int:
-        try:
-            self.heartbeat()
-        except PermissionError as exc:
-            log.error("%s; stopping", exc)
+        if not self.connect():
             return 3
         threading.Thread(target=self._heartbeats, daemon=True, name="heartbeat").start()
         log.warning("runner %s connected to %s", self.name, self.url)

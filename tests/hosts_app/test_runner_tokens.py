@@ -92,3 +92,55 @@ def test_a_runner_from_before_signed_jobs_is_refused_until_it_gets_a_new_token(o
     reviewer = factories.user("rev", groups=["reviewers"])
     assert api_client(reviewer).post("/api/runners/legacy/token", {},
                                      content_type="application/json").status_code in (403, 404)
+
+
+def test_a_runner_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
+    """A runner whose server does not answer yet (started first, or the network down) tries again
+    with a growing pause, saying so, instead of stopping with a traceback; once something answers
+    it goes on (here a server refusing its token: exit 3, with why)."""
+    import http.server
+    import threading
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentops.embedded_redis import free_port
+    from agentops.runner.protocol import KEY_SEPARATOR, _b64
+
+    public = Ed25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
+                                                                    serialization.PublicFormat.Raw)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentops.runner", "--url", f"http://127.0.0.1:{port}", "--token",
+                             "aor_" + "a" * 43 + KEY_SEPARATOR + _b64(public), "--workdir", str(tmp_path / "runner")],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.stderr is not None
+    server = None
+    try:
+        lines: list[str] = []
+        while len([line for line in lines if "cannot reach" in line]) < 2:
+            line = proc.stderr.readline()
+            assert line, "".join(lines)  # the runner stopped
+            lines.append(line)
+        assert proc.poll() is None
+
+        class Refuse(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"message": "revoked"}')
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Refuse)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        assert proc.wait(timeout=30) == 3
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if server is not None:
+            server.shutdown()
+    assert "Traceback" not in "".join(lines) + rest
+    assert "refused this runner's token" in rest
