@@ -11,6 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from agentops.celery import app
+from agentops.dispatch import ENGINE_QUEUE
 from agentops.selectors import api_token_user
 from tools_app.sandbox import sandbox_status
 
@@ -36,13 +37,20 @@ def _check_redis() -> dict[str, Any]:
 
 
 def _check_workers() -> dict[str, Any]:
+    """The Celery workers that answer, and the queues they consume: the product needs one on the
+    engine queue (ticks, the sweeper). A ping counted any worker, so /healthz said ok with only
+    make run's notifier (queue notify) alive and every turn stalled."""
     try:
-        replies = app.control.ping(timeout=0.7)
+        replies = app.control.inspect(timeout=0.7).active_queues() or {}
     except Exception as exc:
         return {"ok": False, "error": str(exc)[:300], "count": 0}
-    names = sorted(name for reply in replies or [] for name in reply)
-    return {"ok": bool(names), "count": len(names), "names": names,
-            **({} if names else {"error": "no Celery worker answered"})}
+    names = sorted(replies)
+    queues = sorted({str(q.get("name")) for consumed in replies.values() for q in consumed or [] if q.get("name")})
+    ok = ENGINE_QUEUE in queues
+    error = ("no Celery worker answered" if not names else
+             f"no Celery worker consumes the {ENGINE_QUEUE} queue (the workers answering consume: "
+             f"{', '.join(queues) or 'nothing'})")
+    return {"ok": ok, "count": len(names), "names": names, "queues": queues, **({} if ok else {"error": error})}
 
 
 def _check_gateways() -> dict[str, Any]:

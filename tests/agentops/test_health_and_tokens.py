@@ -125,3 +125,18 @@ def test_healthz_anonymous_gets_only_ok_or_not(settings) -> None:  # type: ignor
     assert Client(headers={"Authorization": "Bearer aop_not-a-token"}).get("/healthz").json() == {"status": "degraded"}
     assert login(factories.user()).get("/healthz").json() == {"status": "degraded"}  # logged in, not staff
     assert set(api_client(factories.user()).get("/healthz").json()) == {"status", "failing", "checks"}
+
+
+def test_healthz_needs_a_worker_on_the_engine_queue_not_just_any_worker(notify_worker: None) -> None:
+    """make run's notifier alone (queue notify) answers pings; no turn runs without a worker on
+    the engine queue, so /healthz says degraded and names the queues that are served."""
+    staff = login(factories.user(is_staff=True))
+    deadline = time.monotonic() + 10
+    while True:
+        workers = staff.get("/healthz").json()["checks"]["workers"]
+        if workers["count"] >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert workers["count"] >= 1 and workers["queues"] == ["notify"], workers
+    assert workers["ok"] is False
+    assert "no Celery worker consumes the engine queue" in workers["error"]
