@@ -15,6 +15,7 @@ hello wait behind the other clients' logins: its first live events arrived 1-2 s
 of the push latency (``bench/concurrency.py``, issue 10).
 """
 
+import logging
 import os
 import threading
 from collections import deque
@@ -23,6 +24,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
+from autobahn.exception import Disconnected
 from channels.auth import AuthMiddleware, get_user
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -31,6 +33,8 @@ from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from agentops.parser import INT64, json_loads_strict
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -213,7 +217,13 @@ class JsonConsumer(AsyncJsonWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        except Disconnected:
+            # The browser left (a reload, a click away) while a live event was on its way to it:
+            # nothing is lost (the next page reads from the database) and daphne delivers the
+            # disconnect next. It was an ERROR with a traceback in daphne's log at every such reload.
+            log.debug("websocket %s: the client left before a %s reached it", self.scope.get("path"), message["type"])
 
 
 

@@ -4,6 +4,7 @@ open connections go first, and a new connection's checks never hold more than th
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,25 @@ def test_a_lane_is_an_executor_for_the_event_loop() -> None:
                                          loop.run_in_executor(lanes.lane(1), max, [3, 4])))
 
     assert asyncio.run(both()) == [3, 4]
+
+
+def test_a_live_event_for_a_client_that_left_is_not_an_error() -> None:
+    """Daphne raises autobahn's Disconnected when a consumer sends on a socket the browser has just
+    closed (a reload while an event was on its way): dropped quietly, daphne's disconnect follows.
+    Any other failure of a handler still goes up."""
+    from autobahn.exception import Disconnected
+
+    from agentops.asyncdb import JsonConsumer
+
+    class Left(JsonConsumer):
+        async def event_message(self, message: dict[str, Any]) -> None:
+            raise Disconnected("Attempt to send on a closed protocol")
+
+        async def broken_message(self, message: dict[str, Any]) -> None:
+            raise RuntimeError("a bug")
+
+    consumer = Left()
+    consumer.scope = {"type": "websocket", "path": "/ws/sessions/x/"}
+    asyncio.run(consumer.dispatch({"type": "event.message"}))
+    with pytest.raises(RuntimeError):
+        asyncio.run(consumer.dispatch({"type": "broken.message"}))
