@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 READ_BATCH = 100
 BUSY_PAUSE_SECONDS = 0.02  # a gateway whose database threads are behind looks again after this
-HEARTBEAT_SECONDS = 10.0
+HEARTBEAT_SECONDS = 5.0  # /healthz sees a dead gateway gone within 3 beats (it said alive 25-30 s at 10)
 READER_IDLE_MS = 5000  # a consumer of the group that read this recently is a gateway reading the stream
 HEARTBEAT_KEY = "agentops:gateway:"
 LOAD_KEY = "agentops:gateways-load"  # a hash: gateway name → "<turns driven> <unix time>" (not under HEARTBEAT_KEY)
