@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +18,11 @@ from django.contrib.auth.models import User
 
 from agentops.embedded_redis import free_port
 from agentops.run import wait_port
-from sessions_app.models import AgentProfile
+from sessions_app.models import AgentProfile, Turn
 from tests import factories
 from tests.helpers import database_url
 from tools_app.models import ToolDefinition
+from tools_app.selectors import TOOL_CACHE_SECONDS
 from tools_app.services import tool_definitions_seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,24 +86,20 @@ class Stack:
             self.procs.pop(name, None)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack_env() -> dict[str, str]:
     """Extra environment of the stack's processes (a test module may override it)."""
     return {}
 
 
-@pytest.fixture
-def stack(transactional_db: None, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
+def _start_stack(stack_env: dict[str, str], logs: Path, workspace_root: Path, artifact_root: Path) -> Stack:
     env = dict(os.environ)
     env.update({
         "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL,
-        "AGENTOPS_WORKSPACE_ROOT": str(settings.AGENTOPS_WORKSPACE_ROOT),
-        "AGENTOPS_ARTIFACT_ROOT": str(settings.AGENTOPS_ARTIFACT_ROOT),
+        "AGENTOPS_WORKSPACE_ROOT": str(workspace_root), "AGENTOPS_ARTIFACT_ROOT": str(artifact_root),
         "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         "DATABASE_APPLICATION_NAME": STACK_APP_NAME, "AGENTOPS_DB_POOL_SIZE": str(STACK_POOL_SIZE),
     })
-    logs = tmp_path / "logs"
-    logs.mkdir()
     model_port = free_port()
     # Profiles with no endpoint of their own (those made through /openai/v1) use the scripted model.
     env.update({"OPENAI_BASE_URL": f"http://127.0.0.1:{model_port}/v1", **stack_env})
@@ -115,12 +113,100 @@ def stack(transactional_db: None, tmp_path: Path, stack_env: dict[str, str]) -> 
                            "--without-gossip", "--without-mingle"])
         s.spawn("gateway", [sys.executable, "manage.py", "model_gateway", "--concurrency", "50"])
         s.start_web()
+    except BaseException:
+        s.stop_all()
+        raise
+    return s
+
+
+STACK_PROCESSES = ("model", "worker", "gateway", "web")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember on the test whether a phase failed: ``stack`` then starts the next test on a fresh stack."""
+    report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(scope="module")
+def _module_stack(django_db_setup: None, stack_env: dict[str, str], workspace_base: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The stack's processes, started once per test module (four Python processes cost a 2-core
+    machine ~6 s, which every e2e test paid): ``stack`` hands them to each test and starts them
+    afresh when one has died or a test failed. They share the module's workspace and artifact
+    roots; each test's rows are its own (the flush after a test deletes them; ids never repeat)."""
+    workspace_root = workspace_base / uuid.uuid4().hex
+    workspace_root.mkdir(mode=0o711)
+    holder: dict[str, Any] = {"stack": None, "workspace_root": workspace_root,
+                              "artifact_root": tmp_path_factory.mktemp("artifacts"),
+                              "logs": tmp_path_factory.mktemp("stack-logs")}
+
+    def fresh() -> Stack:
+        if holder["stack"] is not None:
+            holder["stack"].stop_all()
+        holder["stack"] = _start_stack(stack_env, holder["logs"], workspace_root, holder["artifact_root"])
+        return holder["stack"]
+
+    holder["fresh"] = fresh
+    try:
+        yield holder
+    finally:
+        if holder["stack"] is not None:
+            holder["stack"].stop_all()
+
+
+@pytest.fixture
+def stack(transactional_db: None, _module_stack: dict[str, Any], settings: Any,
+          request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """daphne, a Celery worker, a model gateway and the scripted model on the test database, with
+    this test's rows only. A process the test starts on the stack (``spawn``) is stopped after it."""
+    s: Stack | None = _module_stack["stack"]
+    if s is None or any(name not in s.procs or s.procs[name].poll() is not None for name in STACK_PROCESSES):
+        s = _module_stack["fresh"]()
+    else:
+        # The processes keep the tool registry for TOOL_CACHE_SECONDS: the earlier test's definitions
+        # (read up to the flush that just ended) must be forgotten before this test's are made.
+        time.sleep(TOOL_CACHE_SECONDS + 0.2)
+    assert s is not None
+    settings.AGENTOPS_WORKSPACE_ROOT = _module_stack["workspace_root"]  # where the stack's processes write
+    settings.AGENTOPS_ARTIFACT_ROOT = _module_stack["artifact_root"]
+    offsets = {log: log.stat().st_size for log in s.logs.glob("*.log")}
+    try:
         yield s
     finally:
-        s.stop_all()
-        for log in sorted(logs.glob("*.log")):
-            # Shown by pytest only when the test failed.
-            print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")
+        for name in [n for n in s.procs if n not in STACK_PROCESSES]:
+            s.kill(name)
+        for log in sorted(s.logs.glob("*.log")):
+            # Shown by pytest only when the test failed: what the processes wrote during it.
+            with log.open("rb") as f:
+                f.seek(offsets.get(log, 0))
+                print(f"--- {log.name} ---\n{f.read().decode(errors='replace')[-3000:]}")
+        # The flush after the test deletes every row: the stack's worker and gateway must not be
+        # driving a turn then (their writes and the flush's deadlocked). A turn still queued or
+        # running a moment after the test, or a failed test, gets the next test fresh processes.
+        if request.node.stash.get(_FAILED, False) or not _quiet(DRIVEN_TURN_GRACE_SECONDS):
+            s.stop_all()
+            _module_stack["stack"] = None
+
+
+DRIVEN_TURN_GRACE_SECONDS = 5.0
+
+
+def _quiet(seconds: float) -> bool:
+    """Whether, within ``seconds``, no turn is queued or running (driven by the stack's processes)."""
+    driven = Turn.objects.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
+    deadline = time.monotonic() + seconds
+    while driven.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @dataclass

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 REPORT = "Paris report"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack_env() -> dict[str, str]:
     return {"AGENTOPS_MAX_ACTIVE_SESSIONS_PER_USER": "3"}
 

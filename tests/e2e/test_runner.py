@@ -36,7 +36,7 @@ from tools_app.models import ToolDefinition
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack_env() -> dict[str, str]:
     return {"AGENTOPS_LEASE_SECONDS": "2"}  # a lease is the tool's timeout plus this
 

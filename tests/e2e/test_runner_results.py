@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 LIMIT = 60_000
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stack_env() -> dict[str, str]:
     return {"AGENTOPS_MAX_REQUEST_BYTES": str(LIMIT)}
 
