@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean proof bench-peers
+.PHONY: run test test-full lint install clean proof bench-peers
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,13 +25,19 @@ lint: $(STAMP)
 # database, workspace roots and scripted model: tests/conftest.py); most tests wait on workers,
 # daphne or the browser, so more processes than cores pay. `make test PYTEST_WORKERS=0` runs it in
 # one process; PYTEST_ARGS adds arguments (e.g. a path, -x).
+# The long proofs (the schemathesis fuzz, the 25,000-event backlogs, the load test, make run's
+# launcher...) run a short form here, for CI: the same real processes and assertions on less data or
+# time. `make test FULL=1` (or `make test-full`; AGENTOPS_TEST_FULL=1 for pytest) runs them in full.
 PYTEST_WORKERS ?= 3
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
-	$(BIN)/python -m agentops.embedded_redis -- $(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(if $(FULL),AGENTOPS_TEST_FULL=1 ,)$(BIN)/python -m agentops.embedded_redis -- $(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+test-full:
+	$(MAKE) test FULL=1
 
 # The proofs (issue 13): short form (< 5 min, for CI) or `make proof FULL=1`. They need a
 # PostgreSQL server (DATABASE_URL's; each proof makes a database of its own there).

@@ -1,14 +1,15 @@
 """Helpers shared by the tests: clients (the API with a Bearer token, a logged-in browser, a
 WebSocket), scripts for the scripted model, waiting on the engine, the database URL for worker
-subprocesses, and finding sandboxed processes."""
+subprocesses, finding sandboxed processes, and the suite's two sizes (``FULL``)."""
 
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
@@ -28,6 +29,17 @@ from sessions_app.models import Event, Turn
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+# The long proofs run in full under `make test FULL=1` (AGENTOPS_TEST_FULL=1); `make test` (CI) runs a
+# short form of each: the same real processes and assertions on less data or time, so it still fails.
+FULL = os.environ.get("AGENTOPS_TEST_FULL", "") not in ("", "0")
+_Size = TypeVar("_Size", int, float)
+
+
+def full_or_short(full: _Size, short: _Size) -> _Size:
+    """``full`` under ``make test FULL=1``, else ``short``."""
+    return full if FULL else short
+
+
 # worker_process(kind="worker" | "gateway", failpoint=..., beat=..., marker=...) -> the process
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 
