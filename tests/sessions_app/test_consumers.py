@@ -13,6 +13,7 @@ from django.db import transaction
 from sessions_app import services
 from sessions_app.models import AgentSession, Event
 from tests import factories
+from tests.helpers import full_or_short
 from tests.helpers import ws_communicator as communicator
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_thread_connections")]
@@ -202,6 +203,9 @@ async def test_reconnect_gets_every_missed_event_once() -> None:
     await comm.disconnect()
 
 
+MANY = full_or_short(25_000, 2_500)
+
+
 @database_sync_to_async
 def bulk(session: AgentSession, count: int) -> int:
     """Store ``count`` events at once, none announced; returns the last seq."""
@@ -216,16 +220,18 @@ def bulk(session: AgentSession, count: int) -> int:
     return row.last_seq + count
 
 
-async def test_backlog_and_gap_of_25000_events_each_once_in_order() -> None:
-    """The same algorithm as the SSE stream: a backlog and a gap of any length, read page by page."""
+async def test_backlog_and_gap_of_many_pages_of_events_each_once_in_order() -> None:
+    """The same algorithm as the SSE stream: a backlog and a gap of any length, read page by page.
+    25,000 events each under ``make test FULL=1``; 2,500 (12.5 pages of BACKLOG_BATCH) in CI: both
+    fail when the feed reads one page."""
     owner, session = await make_session()
-    first = await bulk(session, 25_000)
+    first = await bulk(session, MANY)
     comm = await communicator(f"/ws/sessions/{session.id}/", owner)
     await comm.connect()
     await comm.send_json_to({"type": "hello", "last_seq": 0})
     seqs = [m["event"]["seq"] for m in await receive_events(comm, first)]
     assert seqs == list(range(1, first + 1))
-    last = await bulk(session, 25_000)  # lost by the channel layer: the next live event shows the gap
+    last = await bulk(session, MANY)  # lost by the channel layer: the next live event shows the gap
     seq = await record(session, "after the gap")
     seqs = [m["event"]["seq"] for m in await receive_events(comm, seq - first)]
     assert seqs == list(range(first + 1, seq + 1)) and seq == last + 1
