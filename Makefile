@@ -25,9 +25,9 @@ lint: $(STAMP)
 # database, workspace roots and scripted model: tests/conftest.py); most tests wait on workers,
 # daphne or the browser, so more processes than cores pay. `make test PYTEST_WORKERS=0` runs it in
 # one process; PYTEST_ARGS adds arguments (e.g. a path, -x).
-# The long proofs (the schemathesis fuzz, the 25,000-event backlogs, the load test, make run's
-# launcher...) run a short form here, for CI: the same real processes and assertions on less data or
-# time. `make test FULL=1` (or `make test-full`; AGENTOPS_TEST_FULL=1 for pytest) runs them in full.
+# The long proofs (the schemathesis fuzz, the 25,000-event WebSocket backlogs) run a short form
+# here, for CI: the same real processes and assertions on less data. `make test FULL=1` (or
+# `make test-full`; AGENTOPS_TEST_FULL=1 for pytest) runs them in full.
 PYTEST_WORKERS ?= 3
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
 
