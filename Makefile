@@ -25,7 +25,7 @@ lint: $(STAMP)
 # database, workspace roots and scripted model: tests/conftest.py); most tests wait on workers,
 # daphne or the browser, so more processes than cores pay. `make test PYTEST_WORKERS=0` runs it in
 # one process; PYTEST_ARGS adds arguments (e.g. a path, -x).
-# The long proofs (the schemathesis fuzz, the 25,000-event WebSocket backlogs) run a short form
+# The long proofs (the schemathesis fuzz, the 25,000-event WebSocket and SSE backlogs) run a short form
 # here, for CI: the same real processes and assertions on less data. `make test FULL=1` (or
 # `make test-full`; AGENTOPS_TEST_FULL=1 for pytest) runs them in full.
 PYTEST_WORKERS ?= 3
