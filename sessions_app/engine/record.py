@@ -60,6 +60,18 @@ class StepChange:
         Step(status=self.from_status).ensure_can_move_to(self.to)
 
 
+@dataclass(frozen=True)
+class TurnStart:
+    """Move the outcome's turn ``from_status`` → running and stamp its first start (``started_at``
+    is set once: a turn that ran before keeps its own); applied only while the turn is still in
+    ``from_status``, else the outcome is refused (``InvalidTransition``) and the caller rolls back."""
+
+    from_status: str
+
+    def __post_init__(self) -> None:
+        Turn(status=self.from_status).ensure_can_move_to(Turn.Status.RUNNING)
+
+
 def _check_insert(step: Step) -> None:
     """A step is inserted in a status its state machine reaches from ``planned``: planned itself,
     claimed (running), or settled after running (a read-only call run before it was recorded)."""
@@ -73,10 +85,12 @@ def _check_insert(step: Step) -> None:
 
 def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Sequence[EventSpec],
                         step_changes: Sequence[StepChange] = (), step_inserts: Sequence[Step] = (),
-                        workspace: str | None = None, **counters: int) -> dict[str, Any] | None:
+                        workspace: str | None = None, turn_start: TurnStart | None = None,
+                        **counters: int) -> dict[str, Any] | None:
     """Write one outcome of a turn: events, counter increments (``COUNTERS``), the turn's tokens,
     conditional step moves and new steps (and, given ``workspace``, the session's workspace path,
-    first used by this outcome). Call inside atomic(); events are announced after commit.
+    first used by this outcome; given ``turn_start``, the turn's move to running). Call inside
+    atomic(); events are announced after commit.
 
     Returns the session's ``SESSION_FIELDS`` after the write plus ``steps_changed``, how many step
     changes applied (fewer than asked: a step moved meanwhile; the caller rolls back). None: no
@@ -90,9 +104,11 @@ def step_outcome_record(*, session_id: uuid.UUID, turn_id: uuid.UUID, events: Se
         raise TypeError(f"unknown counters {sorted(counters)}")
     dumped = [jsontext.dumps(payload) for _, _, payload in events]
     write = _write_postgres if connection.vendor == "postgresql" else _write_portable
-    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts, workspace)
+    written = write(session_id, turn_id, now, add, events, dumped, step_changes, step_inserts, workspace, turn_start)
     if written is None:
         return None
+    for step in step_inserts:  # saved: a later save() of one updates its row
+        step._state.adding, step._state.db = False, connection.alias
     last_seq, values, changed = written
     first_seq = last_seq - len(events) + 1
     announced = [{"seq": first_seq + i, "type": type_, "session_id": str(session_id), "turn_id": str(turn_id),
@@ -117,7 +133,8 @@ def _set_workspace(workspace: str | None) -> tuple[str, list[Any]]:
 
 def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
-                    step_inserts: Sequence[Step], workspace: str | None) -> _Written:
+                    step_inserts: Sequence[Step], workspace: str | None,
+                    turn_start: TurnStart | None = None) -> _Written:
     """The write in several statements (SQLite): the same rows, the same order of locks."""
     set_workspace, workspace_params = _set_workspace(workspace)
     with connection.cursor() as cursor:
@@ -127,10 +144,14 @@ def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
         row = cursor.fetchone()
     if row is None:
         return None
-    if not Turn.objects.filter(pk=turn_id, session_id=session_id).update(
-            prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
-            updated_at=now):
+    turns = Turn.objects.filter(pk=turn_id, session_id=session_id)
+    if not turns.update(prompt_tokens=F("prompt_tokens") + add[2], completion_tokens=F("completion_tokens") + add[3],
+                        updated_at=now):
         raise NotFound(f"No turn {turn_id} in session {session_id}")
+    if turn_start is not None:
+        turns.filter(started_at__isnull=True).update(started_at=now)
+        if not turns.filter(status=turn_start.from_status).update(status=Turn.Status.RUNNING):
+            raise _turn_moved(turn_id, turn_start)
     changed = sum(Step.objects.filter(pk=change.step_id, status=change.from_status).update(
         **_change_fields(change), updated_at=now) for change in step_changes)
     Step.objects.bulk_create(step_inserts)
@@ -144,7 +165,8 @@ def _write_portable(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
 
 def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, add: list[int],
                     events: Sequence[EventSpec], dumped: list[str], step_changes: Sequence[StepChange],
-                    step_inserts: Sequence[Step], workspace: str | None) -> _Written:
+                    step_inserts: Sequence[Step], workspace: str | None,
+                    turn_start: TurnStart | None = None) -> _Written:
     """The write in one statement of data-modifying CTEs. Every CTE after ``s`` reads ``s``, so the
     session row is locked before any other row. The events and the new steps travel as one JSON
     parameter each: the statement's text is the same for every outcome with the same step moves
@@ -155,15 +177,20 @@ def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
         f'"step_id": {jsontext.dumps(str(step_id) if step_id else None)}, '
         f'"payload": {text}}}' for i, ((type_, step_id, _), text) in enumerate(zip(events, dumped, strict=True),
                                                                           start=1)) + "]"
+    start_sets, start_params, start_guard, guard_params = "", [], "", []
+    if turn_start is not None:  # the turn's first move, guarded as the conditional updates are
+        start_sets = f", status = %s, started_at = COALESCE({_TURNS}.started_at, %s)"
+        start_params = [Turn.Status.RUNNING.value, now]
+        start_guard, guard_params = f" AND {_TURNS}.status = %s", [turn_start.from_status]
     # Each CTE with its parameters, in the order of the text.
     ctes: list[tuple[str, list[Any]]] = [
         (f"s AS (UPDATE {SESSIONS_TABLE} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, {_SET_COUNTERS}, "
          f"workspace = COALESCE(%s, workspace) WHERE id = %s RETURNING last_seq, {_RETURNING})",
          [len(events), *last_event_at_params(now), *add, workspace, session_id]),
         (f"t AS (UPDATE {_TURNS} SET prompt_tokens = {_TURNS}.prompt_tokens + %s, "
-         f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s FROM s "
-         f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s RETURNING {_TURNS}.id)",
-         [add[2], add[3], now, turn_id, session_id]),
+         f"completion_tokens = {_TURNS}.completion_tokens + %s, updated_at = %s{start_sets} FROM s "
+         f"WHERE {_TURNS}.id = %s AND {_TURNS}.session_id = %s{start_guard} RETURNING {_TURNS}.id)",
+         [add[2], add[3], now, *start_params, turn_id, session_id, *guard_params]),
         (f"e AS (INSERT INTO {EVENTS_TABLE} (session_id, seq, type, turn_id, step_id, payload, created_at) "
          f"SELECT %s::uuid, s.last_seq - %s::int + v.ord, v.type, t.id, v.step_id, v.payload, %s "
          f"FROM s, t, jsonb_to_recordset(%s::jsonb) AS v(ord int, type text, step_id uuid, payload jsonb))",
@@ -191,5 +218,12 @@ def _write_postgres(session_id: uuid.UUID, turn_id: uuid.UUID, now: datetime, ad
         return None
     *values, turns, changed_count = row[1:]
     if not turns:
+        if turn_start is not None and Turn.objects.filter(pk=turn_id, session_id=session_id).exists():
+            raise _turn_moved(turn_id, turn_start)
         raise NotFound(f"No turn {turn_id} in session {session_id}")
     return row[0], tuple(values), changed_count
+
+
+def _turn_moved(turn_id: uuid.UUID, turn_start: TurnStart) -> InvalidTransition:
+    return InvalidTransition(f"Turn {turn_id} is no longer {turn_start.from_status}",
+                             details={"from": turn_start.from_status, "to": Turn.Status.RUNNING.value})

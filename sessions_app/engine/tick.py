@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -27,6 +28,7 @@ from sessions_app.engine.context import OVERFLOW, CompactionRange, compact_at, c
 from sessions_app.engine.hosting import hooks as hosting
 from sessions_app.engine.plan import Action, Decision, Snapshot, StepState, next_action
 from sessions_app.engine.prompt import system_prompt
+from sessions_app.engine.record import TurnStart, step_outcome_record
 from sessions_app.engine.tool_steps import (
     StepRebound,
     runs_in_process,
@@ -36,8 +38,14 @@ from sessions_app.engine.tool_steps import (
 )
 from sessions_app.engine.turns import turn_fail, turn_fail_budget
 from sessions_app.locks import session_lock_fetch
-from sessions_app.models import MODEL_KINDS, AgentSession, Step, Turn
-from sessions_app.services import step_claim, step_create_claimed, turn_transition
+from sessions_app.models import MODEL_KINDS, SESSION_STATUS_OF_TURN, AgentSession, Step, Turn
+from sessions_app.services import (
+    step_claim,
+    step_create_claimed,
+    step_event_payload,
+    step_running,
+    turn_transition,
+)
 
 INLINE_SECONDS = 30.0  # a worker hands the turn to a fresh task after this long
 
@@ -147,6 +155,8 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         context = _context(session, last_model, tools) if turn.status in Turn.ACTIVE else ContextView()
         decision = next_action(_snapshot(turn, session, last_model, tools, calls_models=calls_models,
                                          fresh=fresh, context=context))
+        if _starts_with_a_model_call(decision, turn, session):
+            return _start_claiming_model(decision, turn, session, no_history=last_model is None and not tools)
         if decision.turn_status is not None and turn.status != decision.turn_status:
             turn = turn_transition(turn_id=turn.id, session_id=session.id, to=decision.turn_status, known=turn,
                                    session=session)
@@ -163,6 +173,31 @@ def turn_tick(turn_id: uuid.UUID | str, *, calls_models: bool = False, fresh: bo
         for step in tools:
             if step.status == Step.Status.PLANNED:
                 step.status = tool_step_gate(step=step, session=session)
+
+
+def _starts_with_a_model_call(decision: Decision, turn: Turn, session: AgentSession) -> bool:
+    """A queued turn's first tick that claims a new model step (every new turn's, on PostgreSQL),
+    with its session already where a running turn puts it: ``_start_claiming_model`` writes it."""
+    return (decision.action == Action.CLAIM_MODEL and decision.step_id is None
+            and decision.turn_status == Turn.Status.RUNNING and turn.status == Turn.Status.QUEUED
+            and session.status == SESSION_STATUS_OF_TURN[Turn.Status.RUNNING] and connection.vendor == "postgresql")
+
+
+def _start_claiming_model(decision: Decision, turn: Turn, session: AgentSession, *, no_history: bool) -> Claimed:
+    """Start the turn and claim its first model step in one statement (``step_outcome_record``):
+    the turn running (``turn.started``), the step inserted claimed (``model.started``). As
+    ``turn_transition`` then ``step_create_claimed`` it was four writes: a new turn's first tick
+    took 9 statements and ~2.2 ms of a gateway's CPU, a fifth of a gateway's CPU while a burst of
+    new sessions started (py-spy, bench/concurrency.py N = 1,000)."""
+    assert decision.new_index is not None
+    step = step_running(session_id=session.id, turn_id=turn.id, index=decision.new_index, kind=Step.Kind.MODEL,
+                        lease_seconds=llm.model_lease_seconds())
+    step_outcome_record(session_id=session.id, turn_id=turn.id, turn_start=TurnStart(turn.status), step_inserts=[step],
+                        events=[("turn.started", None, {"status": Turn.Status.RUNNING.value, "index": turn.index}),
+                                ("model.started", step.id, step_event_payload(step, attempt=step.attempts,
+                                                                              arguments=None))])
+    turn.status, turn.started_at = Turn.Status.RUNNING, turn.started_at or step.started_at
+    return Claimed(step, session, turn=turn, no_history=no_history and turn.index == 1)
 
 
 def _poll_waiting(tools: list[Step], session: AgentSession) -> None:
