@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,10 +26,19 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentops.domain import Conflict, DomainError, InvalidArguments, NotFound, joins_transaction
+from agentops import jsontext
+from agentops.domain import Conflict, DomainError, InvalidArguments, InvalidTransition, NotFound, joins_transaction
 from agentops.permissions import OPERATE_SESSIONS, require_perm
-from sessions_app import hooks
-from sessions_app.events import event_record, events_first, events_first_announce, events_record_first
+from sessions_app import announce, hooks
+from sessions_app.events import (
+    EVENTS_TABLE,
+    SET_LAST_EVENT_AT,
+    event_record,
+    events_first,
+    events_first_announce,
+    events_record_first,
+    last_event_at_params,
+)
 from sessions_app.locks import session_lock
 from sessions_app.models import (
     SESSION_STATUS_OF_TURN,
@@ -151,6 +161,10 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
         fields.setdefault("started_at", now)
     if to in TURN_FINISHED:
         fields.setdefault("finished_at", now)
+        if (known is not None and session is not None and known.session_id == session.pk
+                and connection.vendor == "postgresql" and _turn_finish_write(known, session, to, fields, now)):
+            hooks.turn_ended(known)
+            return known
     turn, changed = _transition(Turn, turn_id, to, fields, session_id=session_id, set_once=("started_at",),
                                 known=known)
     if not changed:
@@ -169,6 +183,83 @@ def turn_transition(*, turn_id: uuid.UUID | str, to: str, session_id: uuid.UUID 
     if to in TURN_FINISHED:
         hooks.turn_ended(turn)  # subagents: wake the parent, cancel the children (fanout_app)
     return turn
+
+
+def _turn_event_payload(turn: Turn, to: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {"status": to, "index": turn.index}
+    if turn.error_code:
+        payload.update(error_code=turn.error_code, error_message=turn.error_message, retryable=turn.retryable)
+    if to == Turn.Status.COMPLETED:
+        payload["output_text"] = turn.output_text
+        if turn.verdicts is not None:
+            payload.update(verdicts=turn.verdicts, criteria_unmet=turn.criteria_unmet)
+    return payload
+
+
+def _turn_finish_write(turn: Turn, session: AgentSession, to: str, fields: dict[str, Any], now: Any) -> bool:
+    """A turn's end in one statement (PostgreSQL), for a caller that read the turn and its session
+    under the session lock (a tick): the turn moved with its ``turn.<status>`` event, the session
+    following it (``session.status_changed`` when its status changes) with the turn's wall time
+    added, as ``_transition``, ``event_record`` and ``session_transition`` write them in four
+    statements (the end of every session's turn: bench/concurrency.py). False, with nothing
+    written, when the turn is no longer where the caller read it: the general path re-reads it."""
+    if turn.status == to or not turn.can_move_to(to):
+        return False
+    session_to = SESSION_STATUS_OF_TURN[Turn.Status(to)]
+    moves_session = session.status != session_to
+    if moves_session:
+        session.ensure_can_move_to(session_to)
+    ended = Turn(**{f.attname: getattr(turn, f.attname) for f in Turn._meta.concrete_fields})
+    for name, value in {**fields, "status": to, "updated_at": now}.items():
+        setattr(ended, name, value)
+    elapsed = (now - turn.started_at).total_seconds() if turn.started_at else 0.0
+    events: list[tuple[str, uuid.UUID | None, dict[str, Any]]] = [(f"turn.{to}", ended.id,
+                                                                   _turn_event_payload(ended, to))]
+    if moves_session:
+        events.append(("session.status_changed", None, {"status": session_to}))
+    quote = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in {**fields, "status": to, "updated_at": now}.items():
+        field = Turn._meta.get_field(name)
+        sets.append(f"{quote(field.column)} = %s")  # type: ignore[union-attr,arg-type]
+        params.append(field.get_db_prep_save(value, connection))  # type: ignore[union-attr]
+    session_sets = ", status = %s, updated_at = %s" if moves_session else ""
+    dumped = [jsontext.dumps(payload) for _, _, payload in events]
+    events_json = "[" + ", ".join(
+        f'{{"ord": {i}, "type": {jsontext.dumps(type_)}, '
+        f'"turn_id": {jsontext.dumps(str(turn_id) if turn_id else None)}, "payload": {text}}}'
+        for i, ((type_, turn_id, _), text) in enumerate(zip(events, dumped, strict=True), start=1)) + "]"
+    turns, sessions = Turn._meta.db_table, AgentSession._meta.db_table
+    sql = (f"WITH t AS (UPDATE {turns} SET {', '.join(sets)} WHERE id = %s AND session_id = %s AND status = %s "
+           f"RETURNING id), "
+           f"s AS (UPDATE {sessions} SET last_seq = last_seq + %s, {SET_LAST_EVENT_AT}, "
+           f"wall_seconds = wall_seconds + %s{session_sets} FROM t WHERE {sessions}.id = %s AND {sessions}.status = %s "
+           f"RETURNING last_seq), "
+           f"e AS (INSERT INTO {EVENTS_TABLE} (session_id, seq, type, turn_id, step_id, payload, created_at) "
+           f"SELECT %s::uuid, s.last_seq - %s::int + v.ord, v.type, v.turn_id, NULL, v.payload, %s "
+           f"FROM s, jsonb_to_recordset(%s::jsonb) AS v(ord int, type text, turn_id uuid, payload jsonb)) "
+           f"SELECT (SELECT count(*) FROM t), (SELECT last_seq FROM s)")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, turn.pk, session.pk, turn.status,
+                             len(events), *last_event_at_params(now), elapsed,
+                             *([session_to, now] if moves_session else []), session.pk, session.status,
+                             session.pk, len(events), now, events_json])
+        moved, last_seq = cursor.fetchone()
+    if not moved:
+        return False
+    if last_seq is None:  # the session moved under its own lock: cannot be; refuse rather than half-write
+        raise InvalidTransition(f"Session {session.pk} is no longer {session.status!r}")
+    for name, value in {**fields, "status": to, "updated_at": now}.items():
+        setattr(turn, name, value)
+    if moves_session:
+        session.status, session.updated_at = session_to, now
+    session.__dict__.pop("wall_seconds", None)  # added in the database: read it back when asked
+    first = last_seq - len(events) + 1
+    announced = [{"seq": first + i, "type": type_, "session_id": str(session.pk), "turn_id": str(turn.pk),
+                  "step_id": None, "payload": jsontext.loads(text), "created_at": now.isoformat()}
+                 for i, ((type_, _, _), text) in enumerate(zip(events, dumped, strict=True))]
+    transaction.on_commit(partial(announce.announce_committed, announced), robust=True)
+    return True
 
 
 PINNED_MAX_ITEMS = 100  # per pinned field: every model call of the session sends them all, verbatim
