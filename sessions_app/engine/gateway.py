@@ -65,7 +65,11 @@ HEARTBEAT_SECONDS = 5.0  # /healthz sees a dead gateway gone within 3 beats (it 
 READER_IDLE_MS = 5000  # a consumer of the group that read this recently is a gateway reading the stream
 HEARTBEAT_KEY = "agentops:gateway:"
 LOAD_KEY = "agentops:gateways-load"  # a hash: gateway name → "<turns driven> <unix time>" (not under HEARTBEAT_KEY)
-LOAD_FRESH_SECONDS = 3.0  # a gateway that has not said its load for this long is not reading
+# A gateway that has not said its load for this long is gone: three heartbeats, as /healthz judges
+# it. Not less: in a burst of new sessions the gateways (at nice 10) get no CPU for seconds, and at
+# 3 s the first of two to wake saw the other "gone" and took the whole burst (bench/concurrency.py
+# N = 300 on a slow 2-CPU machine: both silent 3 s, then one read 205 entries; 270 turns to 30).
+LOAD_FRESH_SECONDS = 3 * HEARTBEAT_SECONDS
 BALANCE_SLACK = 8  # turns a gateway may drive above the gateways' mean before it leaves new ones to the others
 
 
