@@ -17,9 +17,14 @@ from sessions_app.services import event_record, step_transition, turn_transition
 from tests import factories
 from tests.helpers import finished, login, pending_approvals, script, tool
 from tests.waiting import wait_for
+from tools_app.sandbox.workspace import workspace_for
 
+# After part 6 it waits (up to 30 s, then it fails) for the test to create ``go`` in the
+# workspace: the pages are read while it surely runs (a 3-s command had finished before a loaded machine rendered them).
 COMMAND = ('for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo "built part $i"; '
-           'echo "@@progress {\\"done\\": $i, \\"total\\": 12, \\"note\\": \\"parts\\"}"; sleep 0.25; done')
+           'echo "@@progress {\\"done\\": $i, \\"total\\": 12, \\"note\\": \\"parts\\"}"; sleep 0.25; '
+           'if [ $i = 6 ]; then n=0; while [ ! -e go ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; '
+           '[ -e go ] || exit 7; fi; done')
 
 
 @pytest.mark.usefixtures("workers")
@@ -41,6 +46,7 @@ def test_running_command_streams_tool_progress_shown_live(engine_agent: AgentPro
         assert Step.objects.get(pk=step_id).status == "running"
         assert f'id="step-{step_id}-live"' in body and "built part 1" in body
         assert f'id="step-{step_id}-progress"' in body and '<progress class="bar" max="100" value=' in body
+    (workspace_for(session.id) / "go").touch()
     turn = finished(turn, timeout=60)
     assert turn.status == "completed", (turn.error_code, turn.error_message)
 
