@@ -1,6 +1,7 @@
 """agentops settings: one module, read from the environment (see .env.example)."""
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,7 +35,10 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "daphne",
+    # daphne's app only makes `runserver` serve ASGI; importing it installs Twisted's reactor, ~0.4 s
+    # of CPU at every start of every process (workers, gateways, the test suite's ~150 processes),
+    # and the web processes run daphne's own command (agentops.webserve), which installs it first.
+    *(["daphne"] if "runserver" in sys.argv[1:2] else []),
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -11,11 +11,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-from mcp import types
 
 from agentops import dispatch
 from agentops.domain import DomainError, canonical_json
@@ -31,8 +31,12 @@ from tools_app.sandbox import sandbox_ids
 from tools_app.sandbox.workspace import workspace_root
 from tools_app.selectors import tool_definitions_cache_clear
 
-from .client import McpFailure, ServerConnection, list_tools, tool_sha256
 from .models import McpServer, McpTool
+
+if TYPE_CHECKING:  # the mcp SDK is imported where a server is called: every process loads this module
+    from mcp import types
+
+    from .client import ServerConnection
 from .secret_refs import resolve_references
 
 log = logging.getLogger(__name__)
@@ -51,9 +55,11 @@ def mcp_server_status_record(*, server_id: int, status: str, message: str = "") 
         server.save(update_fields=["status", "status_message", "checked_at", "updated_at"])
 
 
-def server_connection(server: McpServer, *, workspace: Path) -> ServerConnection:
+def server_connection(server: McpServer, *, workspace: Path) -> "ServerConnection":
     """How to reach ``server`` now. Resolves its ``{{secret:NAME}}`` references: call only in the
     task that connects, and never store what it returns."""
+    from .client import ServerConnection
+
     consumer = f"mcp:{server.name}"
     return ServerConnection(
         name=server.name, transport=server.transport, timeout=server.timeout_seconds, workspace=workspace,
@@ -69,7 +75,7 @@ def tool_definition_name(server_name: str, remote_name: str) -> str:
     return f"{server_name}{SEPARATOR}{clean}"[:64]
 
 
-def suggested_mode(tool: types.Tool) -> str:
+def suggested_mode(tool: "types.Tool") -> str:
     """The server's annotations only suggest: read-only → safe_readonly; anything else mutating."""
     hints = tool.annotations
     return ApprovalMode.SAFE_READONLY if hints is not None and hints.readOnlyHint else ApprovalMode.MUTATING
@@ -108,6 +114,8 @@ def mcp_server_refresh(*, server_id: int) -> RefreshReport:
     """Discover the server's tools and record them: new ones become ToolDefinitions (approval mode
     ``mutating`` until an admin chooses; the suggestion is kept beside), changed ones get the new
     schema and version and their pending approvals are invalidated, vanished ones are disabled."""
+    from .client import McpFailure, list_tools
+
     server = McpServer.objects.get(pk=server_id)
     workspace = discovery_workspace()
     try:
@@ -128,7 +136,9 @@ def mcp_server_refresh(*, server_id: int) -> RefreshReport:
     return report
 
 
-def _record_tools(server: McpServer, tools: list[types.Tool]) -> RefreshReport:
+def _record_tools(server: McpServer, tools: "list[types.Tool]") -> RefreshReport:
+    from .client import tool_sha256
+
     report = RefreshReport()
     known = {t.remote_name: t for t in McpTool.objects.select_related("definition").filter(server=server)}
     network = server.network if server.transport == McpServer.Transport.STDIO else NetworkPolicy.HOST
@@ -216,7 +226,7 @@ def mcp_tools_apply_suggested_modes(*, server_id: int) -> int:
     return changed
 
 
-def _annotations(tool: types.Tool) -> dict[str, object]:
+def _annotations(tool: "types.Tool") -> dict[str, object]:
     return tool.annotations.model_dump(exclude_none=True) if tool.annotations else {}
 
 
