@@ -32,12 +32,12 @@ from tools_app.sandbox.workspace import workspace_root
 from tools_app.selectors import tool_definitions_cache_clear
 
 from .models import McpServer, McpTool
+from .secret_refs import resolve_references
 
 if TYPE_CHECKING:  # the mcp SDK is imported where a server is called: every process loads this module
     from mcp import types
 
     from .client import ServerConnection
-from .secret_refs import resolve_references
 
 log = logging.getLogger(__name__)
 SEPARATOR = "__"

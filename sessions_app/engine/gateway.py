@@ -17,7 +17,7 @@ A turn's loop, as in Celery's ``tick.turn_advance`` but with the model call awai
     tick (claims the model step) → call the model → record the reply
         → read-only tools inline, next model step claimed in the same write → call … → tick
 
-One module (~550 lines) on purpose: it is the ``Gateway`` class and the few helpers it runs
+One module (~600 lines) on purpose: it is the ``Gateway`` class and the few helpers it runs
 with; its two halves (driving a turn's calls; the stream it reads, with the re-claim, the share a
 busy gateway takes, the lease renewal and the heartbeat) share the instance's ``held`` steps and
 slots, which decide what is driven, how long a turn stays (``full``, ``stopping``) and which

@@ -19,8 +19,9 @@ from tests.helpers import finished, login, pending_approvals, script, tool
 from tests.waiting import wait_for
 from tools_app.sandbox.workspace import workspace_for
 
-# After part 6 it waits (up to 30 s, then it fails) for the test to create ``go`` in the
-# workspace: the pages are read while it surely runs (a 3-s command had finished before a loaded machine rendered them).
+# After part 6 it waits (up to 30 s, then it fails) for the test to create ``go`` in the workspace:
+# the pages are read while it surely runs (a 3-s command had finished before a loaded machine
+# rendered them).
 COMMAND = ('for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo "built part $i"; '
            'echo "@@progress {\\"done\\": $i, \\"total\\": 12, \\"note\\": \\"parts\\"}"; sleep 0.25; '
            'if [ $i = 6 ]; then n=0; while [ ! -e go ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; '
